@@ -1,0 +1,98 @@
+"""Load a Hugging Face checkpoint folder into a minispec Transformer.
+
+A folder holds config.json and either model.safetensors or a sharded set described by
+model.safetensors.index.json ({"weight_map": {tensor name: shard file}}). Only safetensors are
+read: no pickle, nothing from the checkpoint is ever executed.
+
+Checks are strict, because a silently missing or mis-shaped tensor gives a model that runs and
+talks nonsense: every expected tensor must be present with the expected shape, and no
+unexpected tensor may be left over. The one tolerated extra is `lm_head.weight` in a checkpoint
+whose config ties it to the embeddings (some exporters write the shared matrix twice).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from minispec.config import ModelConfig
+from minispec.errors import CheckpointError
+from minispec.model import Transformer
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:
+    """Read config.json and the safetensors weights in `path`; return the model in eval mode."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a directory; expected a checkpoint folder with config.json")
+    config = ModelConfig.from_hf(folder)
+
+    with torch.device("meta"):  # no memory, no random init: every tensor comes from the file
+        model = Transformer(config)
+    expected = {name: tuple(p.shape) for name, p in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")  # same tensor as model.embed_tokens.weight
+
+    state = {}
+    for name, tensor in _read_tensors(folder, set(expected), config.model_type):
+        if tuple(tensor.shape) != expected[name]:
+            raise CheckpointError(
+                f"{folder}: tensor '{_hf_name(name)}' has shape {list(tensor.shape)}; expected {list(expected[name])}"
+            )
+        state[name] = tensor.to(device=device, dtype=dtype)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(f"{folder}: missing tensor '{_hf_name(missing[0])}'{more}")
+
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    model.load_state_dict(state, strict=True, assign=True)
+    if config.tie_word_embeddings:  # assign=True replaced the parameters: tie them again
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval()
+
+
+def _hf_name(name: str) -> str:
+    """Our parameter name -> the checkpoint's (HF puts everything but lm_head under 'model.')."""
+    return name if name.startswith("lm_head.") else "model." + name
+
+
+def _read_tensors(folder: Path, expected: set[str], model_type: str):
+    """Yield (our name, tensor) for every tensor in the folder's safetensors file(s)."""
+    for file in _shard_files(folder):
+        with safe_open(file, framework="pt") as f:
+            for hf_name in f.keys():
+                name = hf_name.removeprefix("model.")
+                if name not in expected:
+                    if name == "lm_head.weight":  # tied config, exporter wrote the head anyway
+                        continue
+                    if name.endswith("rotary_emb.inv_freq"):  # old exporters saved a derived buffer
+                        continue
+                    raise CheckpointError(f"{file}: unexpected tensor '{hf_name}'; not part of a '{model_type}' model as config.json describes it")
+                yield name, f.get_tensor(hf_name)
+
+
+def _shard_files(folder: Path) -> list[Path]:
+    single, index = folder / SINGLE_FILE, folder / INDEX_FILE
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise CheckpointError(f"{index}: expected JSON with a 'weight_map' object") from None
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise CheckpointError(f"{index}: shard '{file.name}' listed in weight_map is missing")
+        return files
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise CheckpointError(f"{folder}: only pickle weights (*.bin/*.pt) found; expected {SINGLE_FILE} (safetensors)")
+    raise CheckpointError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}; expected safetensors weights")
