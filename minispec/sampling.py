@@ -1,0 +1,83 @@
+"""From logits to a distribution, and from a distribution to a token.
+
+Every decoding path in minispec -- plain decoding, the draft model, the target in a verify
+step -- turns logits into probabilities with the same `logits_to_probs`, so temperature,
+top-k and top-p are applied identically to the target's p_target and the draft's q_draft.
+(Applying them to one and not the other silently breaks the losslessness of speculative
+sampling.)
+
+Temperature 0 means greedy: the distribution is one-hot on argmax, ties going to the lowest
+token id (what torch.argmax returns). It is not faked as a tiny temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minispec.errors import MinispecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy (argmax, lowest id on ties)
+    top_k: int | None = None  # keep the k most likely tokens
+    top_p: float | None = None  # keep the smallest set of tokens with total probability >= top_p
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise MinispecError(f"temperature = {self.temperature}; expected a number >= 0")
+        if self.top_k is not None and self.top_k < 1:
+            raise MinispecError(f"top_k = {self.top_k}; expected an integer >= 1")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise MinispecError(f"top_p = {self.top_p}; expected 0 < top_p <= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def greedy_token(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the vocabulary, the lowest id on ties: [..., V] -> [...] (int64)."""
+    return torch.argmax(logits, dim=-1)
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Post-processed next-token distribution: [..., V] logits -> [..., V] probabilities.
+
+    temperature 0:  one_hot(argmax(logits))
+    otherwise:      softmax(filter(logits / T)), where top-k then top-p set the logits of
+                    excluded tokens to -inf. The most likely token is never excluded.
+    Low-precision logits are upcast to float32 first; float64 stays float64.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if params.greedy:
+        probs = torch.zeros_like(logits)
+        return probs.scatter_(-1, greedy_token(logits).unsqueeze(-1), 1.0)
+
+    logits = logits / params.temperature
+    if params.top_k is not None and params.top_k < logits.shape[-1]:
+        kth_largest = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if params.top_p is not None and params.top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of strictly better tokens
+        drop_sorted = mass_before >= params.top_p  # the set before it already reaches top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one token id from a [V] distribution with an explicit generator (same seed, same draw)."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """One token from one row of logits [V]: argmax at temperature 0, else a seeded draw."""
+    if params.greedy:
+        return int(greedy_token(logits))
+    return sample_token(logits_to_probs(logits, params), generator)

@@ -1,0 +1,131 @@
+"""Properties of the model and its KV cache on random tiny Llama / Qwen3 models, in float64.
+
+float64 because these are exactness properties: a chunked pass and a full pass run different
+matmul shapes, whose float32 round-off differs at ~1e-6; in float64 the same mistake would
+still show up, while the round-off shrinks to ~1e-14. Tolerance: 1e-9 absolute on logits.
+"""
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from minispec.errors import CacheOverflowError
+from minispec.testing import model_configs, random_model, seeds, tiny_config
+
+ATOL = 1e-9
+
+
+def full_logits(model, tokens):
+    return model(torch.tensor([tokens]))[0]  # [T, V]
+
+
+@given(cfg=model_configs(), seed=seeds, data=st.data())
+def test_chunked_prefill_equals_full_forward(cfg, seed, data):
+    model = random_model(cfg, seed)
+    tokens = data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), min_size=1, max_size=20), label="tokens")
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(tokens) - 1), max_size=4), label="cuts")) if len(tokens) > 1 else []
+    cache = model.new_cache(1, 32)
+    pieces = []
+    for a, b in zip([0] + cuts, cuts + [len(tokens)]):
+        pieces.append(model(torch.tensor([tokens[a:b]]), cache)[0])
+    assert cache.length == len(tokens)
+    torch.testing.assert_close(torch.cat(pieces), full_logits(model, tokens), atol=ATOL, rtol=0)
+
+
+@given(cfg=model_configs(), seed=seeds, data=st.data())
+def test_truncate_then_refeed_equals_never_fed(cfg, seed, data):
+    model = random_model(cfg, seed)
+    vocab = st.integers(0, cfg.vocab_size - 1)
+    prefix = data.draw(st.lists(vocab, min_size=1, max_size=12), label="prefix")
+    rejected = data.draw(st.lists(vocab, min_size=1, max_size=6), label="rejected")
+    accepted = data.draw(st.lists(vocab, min_size=1, max_size=6), label="accepted")
+    cache = model.new_cache(1, 32)
+    model(torch.tensor([prefix]), cache)
+    model(torch.tensor([rejected]), cache)
+    cache.truncate(len(prefix))
+    got = model(torch.tensor([accepted]), cache)[0]
+    torch.testing.assert_close(got, full_logits(model, prefix + accepted)[len(prefix):], atol=ATOL, rtol=0)
+
+
+@given(cfg=model_configs(), seed=seeds)
+def test_batch_rows_are_independent(cfg, seed):
+    model = random_model(cfg, seed)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (3, 7), generator=gen)
+    both = model(ids)
+    for b in range(3):
+        torch.testing.assert_close(both[b], model(ids[b:b + 1])[0], atol=ATOL, rtol=0)
+
+
+def test_hidden_state_is_lm_head_input():
+    cfg = tiny_config()
+    model = random_model(cfg, 0)
+    ids = torch.tensor([[1, 2, 3]])
+    logits, hidden = model(ids, return_hidden=True)
+    assert hidden.shape == (1, 3, cfg.hidden_size)
+    torch.testing.assert_close(logits, hidden @ model.lm_head.weight.T, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_runs_in_each_dtype(dtype):
+    cfg = tiny_config(model_type="qwen3", qk_norm=True)
+    model = random_model(cfg, 0, dtype=dtype)
+    cache = model.new_cache(1, 8)
+    logits = model(torch.tensor([[1, 2, 3]]), cache)
+    assert logits.dtype == dtype and cache.k[0].dtype == dtype
+    assert torch.isfinite(logits).all()
+
+
+def test_writing_past_max_seq_len_is_an_error_not_corruption():
+    model = random_model(tiny_config(), 0)
+    cache = model.new_cache(1, 5)
+    model(torch.tensor([[1, 2, 3]]), cache)
+    with pytest.raises(CacheOverflowError, match="max_seq_len=5"):
+        model(torch.tensor([[1, 2, 3]]), cache)
+    assert cache.length == 3  # nothing was half-written into the valid region
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """Drive a real KVCache with append / truncate / verify-sized chunks and compare every output
+    with a from-scratch forward over the plain token list (the reference)."""
+
+    MAX_LEN = 40
+
+    @initialize(cfg=model_configs(), seed=seeds)
+    def setup(self, cfg, seed):
+        self.model = random_model(cfg, seed)
+        self.cache = self.model.new_cache(1, self.MAX_LEN)
+        self.tokens: list[int] = []
+        self.vocab = cfg.vocab_size
+
+    def _feed(self, new):
+        got = self.model(torch.tensor([new]), self.cache)[0]
+        self.tokens += new
+        want = full_logits(self.model, self.tokens)[-len(new):]
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+    @precondition(lambda self: len(self.tokens) < CacheMachine.MAX_LEN)
+    @rule(data=st.data())
+    def append_one(self, data):
+        self._feed([data.draw(st.integers(0, self.vocab - 1))])
+
+    @precondition(lambda self: len(self.tokens) + 6 <= CacheMachine.MAX_LEN)
+    @rule(data=st.data(), n=st.integers(2, 6))
+    def append_chunk(self, data, n):  # a prefill piece or a (gamma+1)-token verify pass
+        self._feed(data.draw(st.lists(st.integers(0, self.vocab - 1), min_size=n, max_size=n)))
+
+    @precondition(lambda self: len(self.tokens) > 0)
+    @rule(data=st.data())
+    def truncate(self, data):
+        n = data.draw(st.integers(0, len(self.tokens)))
+        self.cache.truncate(n)
+        self.tokens = self.tokens[:n]
+
+    @invariant()
+    def length_matches(self):
+        if hasattr(self, "cache"):
+            assert self.cache.length == len(self.tokens)
+
+
+test_cache_state_machine = CacheMachine.TestCase
