@@ -1,0 +1,183 @@
+"""config.json parsing (both RoPE spellings) and the loader's strict checks, with their errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from minispec import load_model
+from minispec.config import ModelConfig, RopeScaling
+from minispec.errors import CacheOverflowError, CheckpointError, ConfigError
+from minispec.speculative import generate
+from minispec.testing import random_model, tiny_config
+
+BASE = {
+    "model_type": "llama", "vocab_size": 32, "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "max_position_embeddings": 64,
+}
+LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def test_hub_and_transformers5_rope_spellings_agree():
+    hub = ModelConfig.from_hf({**BASE, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", **LLAMA3}})
+    v5 = ModelConfig.from_hf({**BASE, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **LLAMA3}})
+    old = ModelConfig.from_hf({**BASE, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3}})
+    assert hub == v5 == old
+    assert hub.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192) and hub.rope_theta == 500000.0
+    assert hub.head_dim == 8 and hub.num_kv_groups == 2 and not hub.qk_norm
+
+
+def test_qwen3_needs_head_dim_and_has_qk_norm():
+    cfg = ModelConfig.from_hf({**BASE, "model_type": "qwen3", "head_dim": 16, "rope_theta": 1e6})
+    assert cfg.qk_norm and cfg.head_dim == 16
+    with pytest.raises(ConfigError, match="missing field 'head_dim'"):
+        ModelConfig.from_hf({**BASE, "model_type": "qwen3"})
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "mistral"}, "field 'model_type' = 'mistral'; expected one of"),
+        ({"hidden_size": None}, "missing field 'hidden_size'"),
+        ({"num_key_value_heads": 3}, "field 'num_key_value_heads' = 3; expected a positive divisor"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "field 'rope_scaling.rope_type' = 'yarn'"),
+        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
+         "missing field 'rope_parameters.low_freq_factor'"),
+        ({"hidden_act": "gelu"}, "field 'hidden_act' = 'gelu'"),
+        ({"vocab_size": "32"}, "field 'vocab_size' = '32'; expected an integer"),
+    ],
+)
+def test_config_errors_name_the_field(change, message):
+    raw = {**BASE, **change}
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as err:
+        ModelConfig.from_hf(raw)
+    assert "\n" not in str(err.value)
+
+
+def write_checkpoint(folder, cfg_raw, model, drop=(), reshape=None, sharded=False):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg_raw))
+    state = {("lm_head.weight" if k == "lm_head.weight" else "model." + k): v.contiguous()
+             for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    for name in drop:
+        state.pop(name)
+    if reshape:
+        state[reshape] = state[reshape][:-1]
+    if sharded:
+        names = sorted(state)
+        half = len(names) // 2
+        parts = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+        for file, keys in parts.items():
+            save_file({k: state[k] for k in keys}, folder / file)
+        index = {"weight_map": {k: f for f, keys in parts.items() for k in keys}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    else:
+        save_file(state, folder / "model.safetensors")
+    return folder
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    raw = {**BASE, "tie_word_embeddings": False}
+    model = random_model(ModelConfig.from_hf(raw), seed=0, dtype=torch.float32)
+    return raw, model
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize("tied", [False, True])
+def test_round_trip_single_and_sharded_tied_and_untied(tmp_path, sharded, tied):
+    raw = {**BASE, "tie_word_embeddings": tied}
+    model = random_model(ModelConfig.from_hf(raw), seed=1, dtype=torch.float32)
+    loaded = load_model(write_checkpoint(tmp_path / "ck", raw, model, sharded=sharded))
+    assert (loaded.lm_head.weight is loaded.embed_tokens.weight) == tied
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    torch.testing.assert_close(loaded(ids), model(ids), atol=0, rtol=0)
+
+
+def test_tied_config_tolerates_a_written_lm_head(tmp_path):
+    raw = {**BASE, "tie_word_embeddings": True}
+    model = random_model(ModelConfig.from_hf(raw), seed=2, dtype=torch.float32)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(raw))
+    state = {"model." + k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    state["lm_head.weight"] = model.lm_head.weight.clone()
+    save_file(state, folder / "model.safetensors")
+    loaded = load_model(folder)
+    assert loaded.lm_head.weight is loaded.embed_tokens.weight
+
+
+def test_loads_in_bfloat16(tmp_path, tiny):
+    raw, model = tiny
+    loaded = load_model(write_checkpoint(tmp_path / "ck", raw, model), dtype=torch.bfloat16)
+    assert loaded.dtype == torch.bfloat16 and loaded.lm_head.weight.dtype == torch.bfloat16
+
+
+def one_line(err):
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_missing_config_json(tmp_path):
+    (tmp_path / "ck").mkdir()
+    with pytest.raises(ConfigError) as err:
+        load_model(tmp_path / "ck")
+    assert "config.json: file not found" in one_line(err)
+
+
+def test_unknown_model_type(tmp_path, tiny):
+    raw, model = tiny
+    folder = write_checkpoint(tmp_path / "ck", {**raw, "model_type": "gpt2"}, model)
+    with pytest.raises(ConfigError) as err:
+        load_model(folder)
+    assert "config.json: field 'model_type' = 'gpt2'" in one_line(err)
+
+
+def test_tensor_of_the_wrong_shape(tmp_path, tiny):
+    raw, model = tiny
+    folder = write_checkpoint(tmp_path / "ck", raw, model, reshape="model.layers.1.mlp.up_proj.weight")
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    assert "tensor 'model.layers.1.mlp.up_proj.weight' has shape [23, 32]; expected [24, 32]" in one_line(err)
+
+
+def test_missing_tensor(tmp_path, tiny):
+    raw, model = tiny
+    folder = write_checkpoint(tmp_path / "ck", raw, model, drop=["lm_head.weight", "model.norm.weight"])
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    assert "missing tensor 'lm_head.weight' (and 1 more)" in one_line(err)
+
+
+def test_unexpected_tensor(tmp_path, tiny):
+    raw, model = tiny
+    folder = write_checkpoint(tmp_path / "ck", {**raw, "num_hidden_layers": 1}, model)
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    assert "unexpected tensor 'model.layers.1." in one_line(err)
+
+
+def test_no_weights_and_pickle_only(tmp_path, tiny):
+    raw, _ = tiny
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="no model.safetensors or model.safetensors.index.json"):
+        load_model(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(CheckpointError, match=r"only pickle weights"):
+        load_model(folder)
+
+
+def test_prompt_longer_than_the_cache():
+    model = random_model(tiny_config(max_position_embeddings=16), 0)
+    with pytest.raises(CacheOverflowError) as err:
+        generate(model, list(range(12)), max_new_tokens=8)
+    assert "prompt of 12 tokens + max_new_tokens=8 exceeds the model's max_position_embeddings=16" in one_line(err)
+    cache = model.new_cache(1, 10)
+    with pytest.raises(CacheOverflowError) as err:
+        model(torch.tensor([list(range(12))]), cache)
+    assert "0 cached + 12 new tokens exceeds max_seq_len=10" in one_line(err)
