@@ -1,0 +1,192 @@
+"""Tokenizer: a thin wrapper on a checkpoint's tokenizer.json, plus its jinja2 chat template.
+
+    tok = load_tokenizer("weights/smollm2-135m-instruct")
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    stream = tok.stream_decoder()
+    for token_id in generated: print(stream.push(token_id), end="", flush=True)
+    print(stream.flush())
+
+`encode` never adds BOS/EOS (the chat template writes what the model needs), but special-token
+strings in the text, such as "<|im_start|>", are recognised as their single ids.
+The chat template is rendered the way transformers does it (sandboxed jinja2, trim_blocks and
+lstrip_blocks, `raise_exception`, a `tojson` that does not escape HTML), so the ids equal
+`AutoTokenizer.apply_chat_template(..., tokenize=True)` for the same folder.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from minispec.errors import CheckpointError
+
+REPLACEMENT_CHAR = "\ufffd"  # what a decode of an incomplete UTF-8 sequence ends with
+
+
+class Tokenizer:
+    """Text <-> token ids for one checkpoint, with its special tokens and chat template."""
+
+    def __init__(self, backend, *, chat_template: str | None = None, bos_token: str | None = None,
+                 eos_token: str | None = None, bos_token_id: int | None = None, eos_token_ids: list[int] | None = None,
+                 source: str = "tokenizer"):
+        self.backend = backend  # a tokenizers.Tokenizer
+        self.chat_template = chat_template
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = list(eos_token_ids or [])  # generation stops at any of these
+        self.source = source  # the folder, for error messages
+        self._template = None  # compiled lazily
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids the tokenizer knows, added tokens included (the model's may be larger, padded)."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids for `text`; special-token strings become their ids, nothing else is added."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables) -> str:
+        """The chat template rendered as text, e.g. '<|im_start|>system\\n...<|im_start|>assistant\\n'."""
+        if not self.chat_template:
+            raise CheckpointError(f"{self.source}/tokenizer_config.json: no 'chat_template' field; expected a jinja2 chat template (or use plain text prompts)")
+        if self._template is None:
+            self._template = _compile_chat_template(self.chat_template)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **variables)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables) -> list[int]:
+        """Token ids of the rendered chat: the prompt to feed the model."""
+        return self.encode(self.render_chat(messages, add_generation_prompt, **variables))
+
+    def stream_decoder(self, skip_special_tokens: bool = False) -> StreamDecoder:
+        return StreamDecoder(self, skip_special_tokens=skip_special_tokens)
+
+
+class StreamDecoder:
+    """Incremental detokenization for streaming: only complete UTF-8 text is ever emitted.
+
+    One token can hold half of a multi-byte character (byte-level BPE splits emoji and CJK), and
+    decoding it alone gives U+FFFD. So we decode a short window of ids (from the last point where
+    the text was complete) and emit the new suffix only once it no longer ends in U+FFFD. The
+    window keeps each step O(new tokens), not O(all tokens). Concatenated pushes plus `flush()`
+    equal `decode(all ids)`.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix_offset = 0  # window start: ids before it are emitted and complete
+        self.read_offset = 0  # ids before it have been emitted
+
+    def push(self, ids: int | list[int]) -> str:
+        """Add one or more token ids; return the newly completed text ('' while a character is pending)."""
+        self.ids.extend([ids] if isinstance(ids, int) else ids)
+        emitted = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset:])
+        if len(text) <= len(emitted) or text.endswith(REPLACEMENT_CHAR):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return text[len(emitted):]
+
+    def flush(self) -> str:
+        """Emit whatever is pending, incomplete characters included (as U+FFFD); call at the end."""
+        emitted = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(emitted):]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Read tokenizer.json (required) and tokenizer_config.json, generation_config.json, config.json (optional)."""
+    from tokenizers import Tokenizer as Backend
+
+    folder = Path(path)
+    tokenizer_file = folder / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise CheckpointError(f"{tokenizer_file}: no such file; expected the checkpoint's tokenizer (tokenizers JSON)")
+    try:
+        backend = Backend.from_file(str(tokenizer_file))
+    except Exception as error:  # tokenizers raises a bare Exception on bad JSON
+        raise CheckpointError(f"{tokenizer_file}: cannot be read ({str(error).splitlines()[0]}); expected a tokenizers JSON file") from None
+    tok_config = _read_json(folder / "tokenizer_config.json")
+    gen_config = _read_json(folder / "generation_config.json")
+    model_config = _read_json(folder / "config.json")
+
+    bos_token, eos_token = _token_string(tok_config.get("bos_token")), _token_string(tok_config.get("eos_token"))
+    bos_token_id = _first_id(gen_config.get("bos_token_id"), backend.token_to_id(bos_token) if bos_token else None,
+                             model_config.get("bos_token_id"))
+    eos_ids = _first_id(gen_config.get("eos_token_id"), backend.token_to_id(eos_token) if eos_token else None,
+                        model_config.get("eos_token_id"), as_list=True)
+    return Tokenizer(backend, chat_template=_template_string(tok_config.get("chat_template"), folder),
+                     bos_token=bos_token, eos_token=eos_token, bos_token_id=bos_token_id,
+                     eos_token_ids=eos_ids, source=str(folder))
+
+
+def _read_json(file: Path) -> dict:
+    """The JSON object in `file`, or {} if the file is absent."""
+    if not file.is_file():
+        return {}
+    try:
+        content = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{file}: invalid JSON ({error}); expected an object") from None
+    if not isinstance(content, dict):
+        raise CheckpointError(f"{file}: top level is {type(content).__name__}; expected a JSON object")
+    return content
+
+
+def _token_string(value) -> str | None:
+    """tokenizer_config.json writes a token as "<s>" or as {"content": "<s>", ...} (an AddedToken)."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _template_string(value, folder: Path) -> str | None:
+    """A chat_template is a string, or a list of {"name", "template"} of which "default" is the one we use."""
+    if isinstance(value, list):
+        named = {entry.get("name"): entry.get("template") for entry in value if isinstance(entry, dict)}
+        if "default" not in named:
+            raise CheckpointError(f"{folder}/tokenizer_config.json: chat_template list has no 'default' entry; expected one")
+        return named["default"]
+    return value
+
+
+def _first_id(*candidates, as_list: bool = False):
+    """The first candidate that is set: an int, or (with as_list) an int or list of ints, returned as a list."""
+    for value in candidates:
+        if value is None or value == []:
+            continue
+        if as_list:
+            return [value] if isinstance(value, int) else list(value)
+        return value[0] if isinstance(value, list) else value
+    return [] if as_list else None
+
+
+def _compile_chat_template(source: str):
+    """Compile a chat template the way transformers does (see its utils/chat_template_utils.py)."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # jinja2's own tojson escapes HTML characters (<, >, &, '); templates expect plain JSON.
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)

