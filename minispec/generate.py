@@ -1,7 +1,10 @@
 """The command line: `python -m minispec.generate --ckpt PATH --prompt TEXT [...]`.
 
-argv -> GenerateArgs (a dataclass) -> load model + tokenizer -> speculative.generate ->
-tokens streamed to the terminal as they are produced, or one JSON object with --json.
+argv -> GenerateArgs (a dataclass) -> load model + tokenizer (+ drafter, policy) ->
+speculative.generate -> tokens streamed to the terminal as they are produced, or one JSON
+object with --json. With --draft the draft-then-verify loop runs; --show colours each token by
+where it came from (an accepted draft, a correction, a bonus token); --stats prints tau,
+acceptance and timings.
 Without --ckpt the default checkpoint (SmolLM2-135M-Instruct) is fetched and converted into
 weights/ on first use. User mistakes end in one line on stderr and exit status 2.
 """
@@ -37,6 +40,16 @@ class GenerateArgs:
     dtype: str
     device: str
     json: bool
+    draft: str | None
+    policy: str
+    gamma: int
+    dropout_p: float
+    paths: int
+    criterion: str
+    majority: str
+    or_base: bool
+    stats: bool
+    show: bool
 
 
 class _Parser(argparse.ArgumentParser):
@@ -79,6 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--draft", default=None,
+                   help="drafter: a checkpoint folder, 'ngram[:N]', 'early-exit:N' or 'self:bf16' (default: plain decoding)")
+    s.add_argument("--policy", default="exact", help="acceptance policy: exact, sampling, typical, dropmatch, or a registered name")
+    s.add_argument("--gamma", type=_ranged(int, "--gamma", lo=1), default=5, help="draft length per verify step")
+    s.add_argument("--dropout-p", type=_ranged(float, "--dropout-p", lo=0, hi=1, hi_open=True), default=0.3,
+                   help="DropMatch: dropout probability on the LM-head input")
+    s.add_argument("--paths", type=_ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")
+    s.add_argument("--criterion", choices=["js_or_majority", "js", "majority", "naive"], default="js_or_majority")
+    s.add_argument("--majority", choices=["strict", "plurality"], default="strict")
+    s.add_argument("--no-or-base", dest="or_base", action="store_false",
+                   help="DropMatch alone, not OR-ed with its base policy (exact at T=0, sampling at T>0)")
+    s.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
+    s.add_argument("--show", action="store_true",
+                   help="colour the output: accepted drafts green, corrections red, bonus tokens blue")
     return p
 
 
@@ -89,6 +117,7 @@ def parse_args(argv: list[str] | None = None) -> GenerateArgs:
 
 def run(args: GenerateArgs) -> dict:
     from minispec.checkpoint import load_model
+    from minispec.drafters import make_drafter
     from minispec.speculative import generate
     from minispec.tokenizer import load_tokenizer
 
@@ -105,6 +134,8 @@ def run(args: GenerateArgs) -> dict:
 
     model = load_model(ckpt, dtype=DTYPES[args.dtype], device=device)
     tokenizer = load_tokenizer(ckpt)
+    drafter = make_drafter(args.draft, model)
+    policy = _policy(args)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
@@ -113,36 +144,58 @@ def run(args: GenerateArgs) -> dict:
     else:
         prompt_ids = tokenizer.encode(args.prompt)
 
-    stream = None if args.json else _Streamer(tokenizer)
+    printer = None if args.json else _Printer(tokenizer, colour=args.show)
     result = generate(
-        model, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_ids=tokenizer.eos_token_ids,
-        on_tokens=None if stream is None else stream.push,
+        model, prompt_ids, max_new_tokens=args.max_new_tokens, draft=drafter, policy=policy, gamma=args.gamma,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        eos_token_ids=tokenizer.eos_token_ids, on_tokens=None if printer is None else printer.push,
     )
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)
-    if stream is not None:
-        stream.finish()
+    if printer is not None:
+        printer.finish()
     return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids), "stats": result.stats}
 
 
-class _Streamer:
-    """Print text as tokens arrive: decode everything so far and print the new suffix, holding
-    back while it ends in an incomplete UTF-8 sequence (decoded as U+FFFD)."""
+def _policy(args: GenerateArgs):
+    from minispec import acceptance
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.ids, self.printed = tokenizer, [], 0
+    if args.policy == "dropmatch":
+        return acceptance.get("dropmatch", p=args.dropout_p, paths=args.paths, criterion=args.criterion,
+                              majority=args.majority, or_base=args.or_base, seed=args.seed)
+    try:
+        return acceptance.get(args.policy)
+    except MinispecError as err:
+        raise MinispecError(f"--{err}") from None
 
-    def push(self, new_tokens: list[int], num_drafted: int) -> None:
-        self.ids.extend(new_tokens)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[self.printed:])
+
+GREEN, RED, BLUE, RESET = "\033[32m", "\033[31m", "\033[34m", "\033[0m"
+
+
+class _Printer:
+    """Stream text to the terminal as tokens arrive (only complete UTF-8 characters).
+
+    With colour: accepted draft tokens green; the token the target supplied after a rejection
+    (the correction) red; the bonus token after a fully accepted draft blue; tokens of plain
+    decoding steps uncoloured.
+    """
+
+    def __init__(self, tokenizer, colour: bool) -> None:
+        self.stream, self.colour = tokenizer.stream_decoder(skip_special_tokens=True), colour
+
+    def push(self, tokens: list[int], num_accepted: int, num_proposed: int) -> None:
+        drafted, last = tokens[:num_accepted], tokens[num_accepted:]
+        self._write(self.stream.push(drafted) if drafted else "", GREEN)
+        if last:
+            target_colour = "" if num_proposed == 0 else (BLUE if num_accepted == num_proposed else RED)
+            self._write(self.stream.push(last), target_colour)
+
+    def _write(self, text: str, colour: str) -> None:
+        if text:
+            sys.stdout.write(f"{colour}{text}{RESET}" if self.colour and colour else text)
             sys.stdout.flush()
-            self.printed = len(text)
 
     def finish(self) -> None:
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        sys.stdout.write(text[self.printed:] + "\n")
+        sys.stdout.write(self.stream.flush() + "\n")
         sys.stdout.flush()
 
 
@@ -155,11 +208,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.json:
         print(json.dumps(out))
-    else:
-        s = out["stats"]
-        print(f"[{s['num_generated_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s, "
-              f"prefill {s['num_prompt_tokens']} tokens at {s['prefill_tokens_per_second']:.0f} tok/s]", file=sys.stderr)
+        return 0
+    s = out["stats"]
+    print(f"[{s['num_generated_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s, "
+          f"prefill {s['num_prompt_tokens']} tokens at {s['prefill_tokens_per_second']:.0f} tok/s]", file=sys.stderr)
+    if args.stats:
+        print(format_stats(s), file=sys.stderr)
     return 0
+
+
+def format_stats(s: dict) -> str:
+    """A few readable lines of the loop's statistics."""
+    if "verify_steps" not in s:
+        return f"plain decoding: {s['target_forwards']} target forwards"
+    per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position_acceptance"])
+    lines = [
+        f"drafter {s['drafter']}, policy {s['policy']}, gamma {s['gamma']}",
+        f"tau {s['tau']:.2f} tokens/step (incl. the correction/bonus token), acceptance rate {s['acceptance_rate']:.2f}",
+        f"per-position acceptance {per_pos}; accepted-length histogram {s['accepted_length_histogram']}",
+        f"target forwards {s['target_forwards']}, draft forwards {s['draft_forwards']}",
+        f"time: draft {s['draft_seconds']:.2f}s, verify {s['verify_seconds']:.2f}s, policy {s['policy_seconds']:.2f}s, "
+        f"total {s['total_seconds']:.2f}s",
+    ]
+    if "heads_all_agree" in s:
+        lines.append(f"dropmatch: all K heads agree at {s['heads_all_agree']:.1%} of positions; "
+                     f"{s['accepted_by_dropmatch_only']} tokens accepted only thanks to DropMatch")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

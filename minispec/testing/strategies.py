@@ -76,7 +76,7 @@ def random_model(config: ModelConfig, seed: int, dtype: torch.dtype = torch.floa
                 param.copy_(0.1 * torch.randn(param.shape, generator=gen))
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * scale / param.shape[-1] ** 0.5)
-    return model.to(dtype).eval()
+    return model.to(dtype).eval().requires_grad_(False)
 
 
 def token_lists(vocab_size: int, min_size: int = 1, max_size: int = 24):

@@ -1,0 +1,191 @@
+"""Drafters: cheap guessers of the next gamma tokens, behind one small interface.
+
+    propose(context, gamma, params, generator) -> Draft(tokens [g], q_draft [g, V], logits [g, V] | None)
+    rollback(num_valid)   the first num_valid tokens of the context are still right; forget the rest
+
+`context` is the whole committed sequence (prompt + generated so far); its last token has not
+been scored by anyone yet. A drafter may propose fewer than gamma tokens (the n-gram drafter
+proposes none when it finds no match; the loop then does an ordinary decode step).
+
+Kinds:
+  ModelDrafter      a separate, smaller model with the same tokenizer (its own KV cache)
+  ModelDrafter(self_draft(target, "bf16"))   the target's own weights at lower precision
+  EarlyExitDrafter  the target's first N layers + final norm + LM head (its own N-layer cache)
+  NgramDrafter      prompt lookup: copy what followed the last earlier occurrence of the
+                    context's final n-gram; no model, so q_draft is one-hot
+
+A model drafter keeps its cache lazily in step with the context: before drafting it feeds every
+context token its cache does not hold yet. After a step where the target rejected a draft,
+that is just the correction token; after a step where every draft was accepted, it is the last
+draft token d_gamma (which the drafter proposed but never fed itself) plus the bonus token.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from minispec.errors import MinispecError
+from minispec.kv_cache import KVCache
+from minispec.model import Transformer
+from minispec.sampling import SamplingParams, logits_to_probs, next_token
+
+
+@dataclass
+class Draft:
+    tokens: list[int]  # d_1..d_g, g <= gamma
+    q_draft: torch.Tensor  # [g, V] post-processed distributions the tokens were drawn from
+    logits: torch.Tensor | None  # [g, V] raw logits (None for model-free drafters)
+
+
+class Drafter(ABC):
+    """Interface for everything that proposes draft tokens to the speculative loop."""
+
+    forwards = 0  # model forward passes made so far (for stats)
+
+    def start(self, max_seq_len: int) -> None:
+        """Prepare for a new sequence of at most max_seq_len tokens (allocate/clear caches)."""
+
+    @abstractmethod
+    def propose(self, context: list[int], gamma: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+        """Up to gamma tokens that might follow `context`."""
+
+    def rollback(self, num_valid: int) -> None:
+        """Only the first num_valid tokens of the last context (plus accepted drafts) still hold."""
+
+
+class ModelDrafter(Drafter):
+    """Drafts with a causal LM of the target's vocabulary, autoregressively, with its own cache.
+
+    `num_layers` (early exit) runs only the model's first N blocks before the final norm and head.
+    """
+
+    def __init__(self, model: Transformer, *, num_layers: int | None = None, name: str = "model") -> None:
+        self.model, self.num_layers, self.name = model, num_layers, name
+        self.cache: KVCache | None = None
+
+    def start(self, max_seq_len: int) -> None:
+        cfg = self.model.config
+        self.cache = KVCache(
+            self.num_layers or cfg.num_layers, 1, cfg.num_kv_heads, max_seq_len, cfg.head_dim,
+            dtype=self.model.dtype, device=self.model.device,
+        )
+        self.forwards = 0
+
+    def _logits(self, tokens: list[int]) -> torch.Tensor:
+        """Feed tokens at the cache's end; logits of the last one: [V]."""
+        ids = torch.tensor([tokens], device=self.model.device)
+        hidden = self.model.forward_hidden(ids, self.cache, num_layers=self.num_layers)  # [1, T, d]
+        self.forwards += 1
+        return self.model.head(hidden[0, -1])
+
+    def propose(self, context, gamma, params, generator) -> Draft:
+        # catch up: feed what the cache lacks (the last token; after full acceptance also d_gamma)
+        logits = self._logits(context[self.cache.length:])
+        tokens, rows = [], []
+        for i in range(gamma):
+            token = next_token(logits, params, generator)
+            tokens.append(token)
+            rows.append(logits)
+            if i + 1 < gamma:  # d_gamma is not fed now: the target may reject it anyway
+                logits = self._logits([token])
+        draft_logits = torch.stack(rows) if rows else logits.new_zeros(0, logits.shape[-1])  # [g, V]
+        return Draft(tokens, logits_to_probs(draft_logits, params), draft_logits)
+
+    def rollback(self, num_valid: int) -> None:
+        self.cache.truncate(min(self.cache.length, num_valid))
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup decoding: find the most recent earlier occurrence of the context's last n
+    tokens (trying n = max_ngram down to min_ngram) and propose the tokens that followed it.
+
+    Works well when the answer copies from the prompt (summaries, RAG, code edits). Costs no
+    model forward at all; its q_draft is one-hot (it is certain of its guess).
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, vocab_size: int | None = None) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise MinispecError(f"ngram sizes: min_ngram={min_ngram}, max_ngram={max_ngram}; expected 1 <= min <= max")
+        self.max_ngram, self.min_ngram, self.vocab_size = max_ngram, min_ngram, vocab_size
+        self.name = f"ngram:{max_ngram}" if min_ngram == 1 else f"ngram:{min_ngram}-{max_ngram}"
+
+    def lookup(self, context: list[int], gamma: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            suffix = context[-n:]
+            for start in range(len(context) - n - 1, -1, -1):  # most recent match first, not the suffix itself
+                if context[start:start + n] == suffix:
+                    return context[start + n:start + n + gamma]
+        return []
+
+    def propose(self, context, gamma, params, generator) -> Draft:
+        tokens = self.lookup(context, gamma)
+        q_draft = torch.zeros(len(tokens), self.vocab_size)
+        q_draft[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0  # one-hot rows
+        return Draft(tokens, q_draft, None)
+
+
+def self_draft(target: Transformer, precision: str) -> Transformer:
+    """A copy of the target at lower precision ("bf16"), the 'quantized self-draft'."""
+    if precision in ("bf16", "bfloat16"):
+        return copy.deepcopy(target).to(torch.bfloat16)
+    raise MinispecError(f"--draft self:{precision}: unknown precision; expected self:bf16")
+
+
+def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, *, dtype=None) -> Drafter | None:
+    """Build a drafter from a CLI-style spec, a model, or pass a drafter through.
+
+    spec: None (plain decoding) | a Transformer | a Drafter | "ngram" | "ngram:N" | "early-exit:N" |
+          "self:bf16" | a checkpoint folder path.
+    """
+    vocab = target.config.vocab_size
+    if spec is None or isinstance(spec, Drafter):
+        if isinstance(spec, NgramDrafter) and spec.vocab_size is None:
+            spec.vocab_size = vocab
+        return spec
+    if isinstance(spec, Transformer):
+        _check_vocab(spec.config.vocab_size, vocab, "draft model")
+        return ModelDrafter(spec)
+    text = str(spec)
+    kind, _, arg = text.partition(":")
+    if kind == "ngram":
+        size = _int_arg(text, arg or "3", lo=1)
+        return NgramDrafter(max_ngram=size, vocab_size=vocab)
+    if kind == "early-exit":
+        n = _int_arg(text, arg, lo=1, hi=target.config.num_layers - 1)
+        return ModelDrafter(target, num_layers=n, name=text)
+    if kind == "self":
+        return ModelDrafter(self_draft(target, arg), name=text)
+    path = Path(text)
+    if path.is_dir():
+        from minispec.checkpoint import load_model
+
+        draft = load_model(path, dtype=dtype or target.dtype, device=target.device)
+        _check_vocab(draft.config.vocab_size, vocab, f"--draft {path}")
+        return ModelDrafter(draft, name=path.name)
+    raise MinispecError(
+        f"--draft = {text!r}: unknown drafter; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N' or 'self:bf16'"
+    )
+
+
+def _check_vocab(draft_vocab: int, target_vocab: int, what: str) -> None:
+    if draft_vocab != target_vocab:
+        raise MinispecError(
+            f"{what}: vocabulary of {draft_vocab} tokens != the target's {target_vocab}; "
+            "draft and target must share a tokenizer"
+        )
+
+
+def _int_arg(spec: str, arg: str, lo: int, hi: int | None = None) -> int:
+    try:
+        value = int(arg)
+    except ValueError:
+        value = None
+    if value is None or value < lo or (hi is not None and value > hi):
+        rng = f"{lo} <= N" + (f" <= {hi}" if hi is not None else "")
+        raise MinispecError(f"--draft = {spec!r}: expected an integer N with {rng}")
+    return value

@@ -1,0 +1,83 @@
+"""The CLI: `python -m minispec.generate`. User mistakes end in one line on stderr, exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from minispec.generate import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_output(real_ckpt, capsys):
+    code, out, err = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert "Paris" in result["text"]
+    assert result["tokens"] and result["stats"]["tokens_per_second"] > 0
+
+
+def test_speculative_json_with_stats(real_ckpt, capsys):
+    code, out, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12", "--json",
+                           "--draft", "ngram", "--policy", "dropmatch", "--gamma", "3")
+    assert code == 0
+    stats = json.loads(out)["stats"]
+    assert stats["policy"] == "dropmatch" and 1 <= stats["tau"] <= 4 and "acceptance_rate" in stats
+
+
+def test_streaming_with_colours_prints_the_same_text(real_ckpt, capsys):
+    code, plain, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12")
+    code2, shown, err = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12",
+                                "--draft", "self:bf16", "--show", "--stats")
+    assert code == code2 == 0
+    strip = lambda s: s.replace("\033[32m", "").replace("\033[31m", "").replace("\033[34m", "").replace("\033[0m", "")
+    assert strip(shown) == plain and "\033[32m" in shown  # some drafts were accepted and shown green
+    assert "tau" in err and "acceptance rate" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--temperature", "-1"], "--temperature = -1; expected 0 <= temperature"),
+        (["--top-p", "0"], "--top-p = 0; expected 0 < top-p <= 1"),
+        (["--top-k", "0"], "--top-k = 0; expected 1 <= top-k"),
+        (["--gamma", "0"], "--gamma = 0; expected 1 <= gamma"),
+        (["--dropout-p", "1"], "--dropout-p = 1; expected 0 <= dropout-p < 1"),
+        (["--max-new-tokens", "x"], "--max-new-tokens = 'x'; expected an integer"),
+        (["--dtype", "int4"], "argument --dtype: invalid choice"),
+    ],
+)
+def test_out_of_range_flags(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--policy", "nope", "--draft", "ngram"], "--policy = 'nope': unknown acceptance policy"),
+        (["--draft", "bogus"], "--draft = 'bogus': unknown drafter"),
+        (["--draft", "early-exit:30"], "expected an integer N with 1 <= N <= 29"),
+    ],
+)
+def test_bad_names_for_policy_and_drafter(real_ckpt, capsys, argv, message):
+    code, _, err = run_cli(capsys, "--ckpt", str(real_ckpt), "--max-new-tokens", "2", *argv)
+    assert code == 2
+    assert message in err and err.count("\n") == 1
+
+
+def test_missing_checkpoint_is_one_line_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "minispec.generate", "--ckpt", str(tmp_path / "nowhere")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("minispec.generate: error: ") and "not a directory" in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
