@@ -65,7 +65,11 @@ def test_dropmatch_at_p0_equals_exact(setup, gamma, kind, paths, criterion, or_b
     policy = acceptance.get("dropmatch", p=0.0, paths=paths, criterion=criterion, or_base=or_base)
     dm = generate(target, prompt, max_new_tokens=12, draft=draft, policy=policy, gamma=gamma, eos_token_ids=[])
     assert dm.tokens == exact.tokens
-    assert dm.stats["accepted_length_histogram"] == exact.stats["accepted_length_histogram"]
+    # Same decisions too, except for the JS test alone without its base: at p=0 its radius is 0,
+    # so it accepts only a draft whose whole distribution equals the target's, and rejects even a
+    # correct one-hot draft (which the argmax correction then re-emits: same tokens, lower tau).
+    if or_base or criterion != "js":
+        assert dm.stats["accepted_length_histogram"] == exact.stats["accepted_length_histogram"]
 
 
 @settings(max_examples=10)

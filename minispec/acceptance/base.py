@@ -1,0 +1,155 @@
+"""The acceptance-policy interface, its input check, and the registry by name.
+
+After the target has scored the draft, a policy decides how much of it to keep:
+
+    inputs   draft_tokens [gamma]         d_1..d_gamma, proposed by the drafter
+             q_draft      [gamma, V]      the draft's distribution at each drafted position
+             target_logits[gamma+1, V]    the target's logits after [last, d_1..d_gamma]
+             p_target     [gamma+1, V]    the same, post-processed (temperature, top-k, top-p)
+    decision num_accepted in 0..gamma     the accepted prefix d_1..d_num_accepted
+             next_token                   the correction at position num_accepted+1 if a draft
+                                          was rejected, else the bonus token after d_gamma
+
+Row i of the target (0-based) is the target's prediction for the position of d_{i+1}; the last
+row, gamma, predicts the token after the whole draft (the bonus). A policy never touches a KV
+cache: the loop in minispec.speculative owns both caches and rolls them back.
+
+q_draft and p_target went through the same `minispec.sampling.logits_to_probs`, so temperature,
+top-k and top-p are applied identically to both before any policy sees them. A drafter without
+probabilities (n-gram lookup) gives a one-hot q_draft.
+
+To plug in your own policy: subclass AcceptancePolicy, implement `decide`, and decorate it with
+`@register("my-name")`; `minispec.acceptance.get("my-name", **kwargs)` then builds it, and the
+CLI's --policy accepts the name.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+import torch
+
+from minispec.errors import MinispecError
+from minispec.sampling import SamplingParams
+
+
+class PolicyInputError(ValueError):
+    """The loop (or a test) handed a policy inconsistent tensors: a bug, not a user mistake."""
+
+
+@dataclass
+class VerifyInput:
+    draft_tokens: torch.Tensor  # [gamma] int64, gamma >= 0
+    q_draft: torch.Tensor  # [gamma, V] post-processed draft distributions (one-hot if the drafter has none)
+    target_logits: torch.Tensor  # [gamma+1, V] raw target logits
+    p_target: torch.Tensor  # [gamma+1, V] post-processed target distributions
+    params: SamplingParams  # temperature / top-k / top-p used for both p_target and q_draft
+    generator: torch.Generator  # the only source of randomness for the decision
+    draft_logits: torch.Tensor | None = None  # [gamma, V] raw draft logits; None for model-free drafters
+    head_extras: object = None  # whatever this policy's `head_logits` returned next to the logits
+
+    @property
+    def gamma(self) -> int:
+        return self.draft_tokens.shape[0]
+
+
+@dataclass
+class Decision:
+    num_accepted: int  # length of the accepted draft prefix, 0..gamma
+    next_token: int  # correction (num_accepted < gamma) or bonus (num_accepted == gamma)
+    info: dict = field(default_factory=dict)  # optional diagnostics (e.g. DropMatch head agreement)
+
+
+class AcceptancePolicy(ABC):
+    """Base class: validates the inputs, then delegates to `decide`."""
+
+    name: ClassVar[str] = "?"
+    lossless: ClassVar[bool] = False  # True if the output distribution provably equals p_target's
+
+    def reset(self) -> None:
+        """Called at the start of every generation (reseed private generators here)."""
+
+    def head_logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, object]:
+        """Turn the target's final hidden states [gamma+1, d] into logits [gamma+1, V].
+
+        The default is the plain LM head. A policy that needs more rows from the head (DropMatch's
+        dropout paths) overrides this to push them through the head in the same matmul, and
+        returns them as the second element, which reaches `decide` as `inp.head_extras`.
+        """
+        return head(hidden), None
+
+    def __call__(self, inp: VerifyInput) -> Decision:
+        check_input(inp)
+        decision = self.decide(inp)
+        if not 0 <= decision.num_accepted <= inp.gamma:
+            raise PolicyInputError(f"{self.name}: num_accepted = {decision.num_accepted}; expected 0..{inp.gamma}")
+        return decision
+
+    @abstractmethod
+    def decide(self, inp: VerifyInput) -> Decision:
+        """How many drafts to accept, and the token that follows them."""
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+def check_input(inp: VerifyInput) -> None:
+    """Strict shape and range checks, so a policy can index without guarding."""
+    if inp.draft_tokens.dim() != 1 or inp.draft_tokens.dtype != torch.int64:
+        raise PolicyInputError(f"draft_tokens: shape {list(inp.draft_tokens.shape)} {inp.draft_tokens.dtype}; expected [gamma] int64")
+    gamma = inp.gamma
+    if inp.target_logits.dim() != 2 or inp.target_logits.shape[0] != gamma + 1:
+        raise PolicyInputError(f"target_logits: shape {list(inp.target_logits.shape)}; expected [gamma+1={gamma + 1}, V]")
+    vocab = inp.target_logits.shape[1]
+    expected = {"p_target": (gamma + 1, vocab), "q_draft": (gamma, vocab)}
+    if inp.draft_logits is not None:
+        expected["draft_logits"] = (gamma, vocab)
+    for name, shape in expected.items():
+        got = tuple(getattr(inp, name).shape)
+        if got != shape:
+            raise PolicyInputError(f"{name}: shape {list(got)}; expected {list(shape)} (gamma={gamma}, V={vocab})")
+    if gamma and not (0 <= int(inp.draft_tokens.min()) and int(inp.draft_tokens.max()) < vocab):
+        raise PolicyInputError(f"draft_tokens: ids outside [0, {vocab}): {inp.draft_tokens.tolist()}")
+
+
+def first_rejection(accepted: torch.Tensor) -> int:
+    """Length of the all-True prefix of a [gamma] bool tensor: everything after the first
+    rejected draft is discarded, whatever the policy thought of it (the prefix rule)."""
+    rejected = (~accepted).nonzero()
+    return int(rejected[0]) if len(rejected) else accepted.shape[0]
+
+
+# ------------------------------------------------------------------------------------ registry
+
+_REGISTRY: dict[str, type[AcceptancePolicy]] = {}
+
+
+def register(name: str):
+    """Class decorator: make a policy available as `get(name, **kwargs)` and `--policy name`."""
+
+    def add(cls: type[AcceptancePolicy]) -> type[AcceptancePolicy]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"acceptance policy name {name!r} is already registered by {_REGISTRY[name].__name__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return add
+
+
+def available() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get(policy: str | AcceptancePolicy, **kwargs) -> AcceptancePolicy:
+    """A policy object from a registered name (kwargs go to its constructor), or the object itself."""
+    if isinstance(policy, AcceptancePolicy):
+        if kwargs:
+            raise MinispecError(f"policy: options {sorted(kwargs)} given with a policy object; pass them to its constructor")
+        return policy
+    if policy not in _REGISTRY:
+        raise MinispecError(f"policy = {policy!r}: unknown acceptance policy; expected one of {available()}")
+    return _REGISTRY[policy](**kwargs)
