@@ -4,16 +4,11 @@ MINISPEC_PROFILE selects the profile: dev (default, quick), ci (derandomized, wh
 uses), thorough (many examples, for a nightly-style run).
 """
 
-import os
-
 import pytest
-from hypothesis import HealthCheck, settings
 
-_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("dev", max_examples=15, **_common)
-settings.register_profile("ci", max_examples=30, derandomize=True, print_blob=True, **_common)
-settings.register_profile("thorough", max_examples=500, **_common)
-settings.load_profile(os.environ.get("MINISPEC_PROFILE", "dev"))
+from minispec.testing import load_profile
+
+load_profile()
 
 
 @pytest.fixture(scope="session")

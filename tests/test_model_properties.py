@@ -8,10 +8,10 @@ still show up, while the round-off shrinks to ~1e-14. Tolerance: 1e-9 absolute o
 import pytest
 import torch
 from hypothesis import given, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from minispec.errors import CacheOverflowError
-from minispec.testing import model_configs, random_model, seeds, tiny_config
+from minispec.kv_cache import KVCache
+from minispec.testing import make_cache_machine, model_configs, random_model, seeds, tiny_config
 
 ATOL = 1e-9
 
@@ -86,46 +86,6 @@ def test_writing_past_max_seq_len_is_an_error_not_corruption():
     assert cache.length == 3  # nothing was half-written into the valid region
 
 
-class CacheMachine(RuleBasedStateMachine):
-    """Drive a real KVCache with append / truncate / verify-sized chunks and compare every output
-    with a from-scratch forward over the plain token list (the reference)."""
-
-    MAX_LEN = 40
-
-    @initialize(cfg=model_configs(), seed=seeds)
-    def setup(self, cfg, seed):
-        self.model = random_model(cfg, seed)
-        self.cache = self.model.new_cache(1, self.MAX_LEN)
-        self.tokens: list[int] = []
-        self.vocab = cfg.vocab_size
-
-    def _feed(self, new):
-        got = self.model(torch.tensor([new]), self.cache)[0]
-        self.tokens += new
-        want = full_logits(self.model, self.tokens)[-len(new):]
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-
-    @precondition(lambda self: len(self.tokens) < CacheMachine.MAX_LEN)
-    @rule(data=st.data())
-    def append_one(self, data):
-        self._feed([data.draw(st.integers(0, self.vocab - 1))])
-
-    @precondition(lambda self: len(self.tokens) + 6 <= CacheMachine.MAX_LEN)
-    @rule(data=st.data(), n=st.integers(2, 6))
-    def append_chunk(self, data, n):  # a prefill piece or a (gamma+1)-token verify pass
-        self._feed(data.draw(st.lists(st.integers(0, self.vocab - 1), min_size=n, max_size=n)))
-
-    @precondition(lambda self: len(self.tokens) > 0)
-    @rule(data=st.data())
-    def truncate(self, data):
-        n = data.draw(st.integers(0, len(self.tokens)))
-        self.cache.truncate(n)
-        self.tokens = self.tokens[:n]
-
-    @invariant()
-    def length_matches(self):
-        if hasattr(self, "cache"):
-            assert self.cache.length == len(self.tokens)
-
-
-test_cache_state_machine = CacheMachine.TestCase
+# The stateful test: append / verify-sized chunks / truncate, every output compared with a
+# from-scratch forward (the machine lives in minispec.testing so users can run it on their caches).
+test_cache_state_machine = make_cache_machine(KVCache).TestCase

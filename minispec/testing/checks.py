@@ -1,0 +1,250 @@
+"""Reusable invariant checks: run minispec's properties against YOUR policy or cache.
+
+    from minispec.testing import check_policy, check_cache
+
+    check_policy(MyPolicy, lossless=True)            # a policy class or a zero-argument factory
+    check_policy(MyLossyPolicy, neutral={"strength": 0.0}, base="exact")
+    check_cache(MyCache)                             # a class with KVCache's constructor
+
+Each check runs hypothesis properties on random tiny Llama/Qwen3 models (float64) under the
+active hypothesis profile (MINISPEC_PROFILE=dev|ci|thorough when run from minispec's tests;
+otherwise whatever profile you loaded). A failure raises CheckFailed whose message names the
+check, what was expected and what happened, followed by hypothesis' falsifying example.
+
+Policy checks (a policy is an AcceptancePolicy subclass; see minispec/acceptance/base.py):
+  validation          malformed inputs (shapes, vocab bounds) are rejected, not half-used
+  decision_range      0 <= num_accepted <= gamma and 0 <= next_token < V on random inputs
+  determinism         the same inputs and generator seed give the same decision
+  greedy_equals_plain (lossless) at temperature 0, speculative output == plain greedy output
+  one_step_lossless   (lossless) the first emitted token is distributed as p_target: exact
+                      enumeration over the draft token x with weight q(x), Monte Carlo over the
+                      policy's own coins, chi-square against p_target
+  multi_step_lossless (lossless) 3-token outputs of a tiny model through the real loop,
+                      chi-square against the exact sequence distribution, at T=1 and T=0.6
+  neutral_is_base     (if neutral= is given) at temperature 0 the policy built with the neutral
+                      kwargs emits exactly the base policy's tokens and decisions
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from hypothesis import given, settings, strategies as st
+from hypothesis.stateful import run_state_machine_as_test
+
+from minispec import acceptance
+from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
+from minispec.kv_cache import KVCache
+from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.speculative import generate
+from minispec.testing.cache_machine import make_cache_machine
+from minispec.testing.distribution import chi_square_p_value, sequence_distribution
+from minispec.testing.strategies import model_configs, random_model, seeds, tiny_config
+
+P_VALUE_FLOOR = 1e-4  # a correct lossless policy fails a chi-square check with probability 1e-4
+
+
+class CheckFailed(AssertionError):
+    """An invariant does not hold for the code under test; the message says which and why."""
+
+
+def _run(label: str, check: Callable[[], None]) -> None:
+    try:
+        check()
+    except Exception as err:  # hypothesis re-raises the property's own error after shrinking
+        detail = str(err).strip() or type(err).__name__
+        raise CheckFailed(f"{label}: {detail}") from err
+
+
+# --------------------------------------------------------------------------------- caches
+
+
+def check_cache(cache_factory=KVCache, *, max_len: int = 40) -> None:
+    """Run the append / verify-chunk / truncate state machine against `cache_factory`."""
+    machine = make_cache_machine(cache_factory, max_len)
+    name = getattr(cache_factory, "__name__", repr(cache_factory))
+    _run(f"check_cache({name}): cache validity under appends and rollbacks",
+         lambda: run_state_machine_as_test(machine, settings=settings(settings.default, stateful_step_count=20)))
+
+
+# ------------------------------------------------------------------------------- policies
+
+
+@st.composite
+def verify_inputs(draw, max_gamma: int = 5, max_vocab: int = 8, temperature: float | None = None) -> VerifyInput:
+    """Random but consistent policy inputs: drafts drawn from their own q_draft (float64)."""
+    gamma = draw(st.integers(0, max_gamma))
+    vocab = draw(st.integers(2, max_vocab))
+    temp = draw(st.sampled_from([0.0, 0.7, 1.0])) if temperature is None else temperature
+    gen = torch.Generator().manual_seed(draw(seeds))
+    params = SamplingParams(temp)
+    target_logits = 2 * torch.randn(gamma + 1, vocab, generator=gen, dtype=torch.float64)  # [gamma+1, V]
+    draft_logits = 2 * torch.randn(gamma, vocab, generator=gen, dtype=torch.float64)  # [gamma, V]
+    q_draft = logits_to_probs(draft_logits, params)  # [gamma, V]
+    draft_tokens = torch.multinomial(q_draft, 1, generator=gen).squeeze(-1) if gamma else torch.zeros(0, dtype=torch.long)
+    return VerifyInput(draft_tokens=draft_tokens, q_draft=q_draft, target_logits=target_logits,
+                       p_target=logits_to_probs(target_logits, params), params=params,
+                       generator=torch.Generator().manual_seed(draw(seeds)), draft_logits=draft_logits)
+
+
+def _head_extras(policy: AcceptancePolicy, inp: VerifyInput, seed: int) -> VerifyInput:
+    """Give policies that read extra head rows (DropMatch) a consistent hidden state + head."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab, rows = inp.target_logits.shape[1], inp.gamma + 1
+    hidden = torch.randn(rows, 8, generator=gen, dtype=torch.float64)  # [gamma+1, d]
+    weight = torch.randn(vocab, 8, generator=gen, dtype=torch.float64)  # [V, d]
+    logits, extras = policy.head_logits(hidden, lambda h: h @ weight.T)
+    return VerifyInput(inp.draft_tokens, inp.q_draft, logits, logits_to_probs(logits, inp.params), inp.params,
+                       inp.generator, inp.draft_logits, extras)
+
+
+def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: bool | None = None,
+                 neutral: dict | None = None, base: str = "exact", statistical: bool = True) -> None:
+    """Run every applicable policy invariant (see the module docstring) against `policy_factory`.
+
+    lossless: whether the policy claims to preserve the target distribution (default: the
+      class's own `lossless` attribute). neutral: kwargs at which a lossy policy should reduce to
+      `base` at temperature 0 (e.g. {"p": 0.0} for DropMatch). statistical=False skips the two
+      sampling-based losslessness checks (they take a few seconds each).
+    """
+    policy = policy_factory()
+    name = type(policy).__name__
+    claims_lossless = policy.lossless if lossless is None else lossless
+
+    def fresh_input(inp: VerifyInput, seed: int) -> tuple[AcceptancePolicy, VerifyInput]:
+        """A new, reset policy and the input with target logits from its own head_logits."""
+        p = policy_factory()
+        p.reset()
+        return p, _head_extras(p, inp, seed)
+
+    @given(inp=verify_inputs(), seed=seeds)
+    def decision_range(inp, seed):
+        p, inp = fresh_input(inp, seed)
+        d = p(inp)
+        vocab = inp.target_logits.shape[1]
+        assert 0 <= d.num_accepted <= inp.gamma, f"num_accepted = {d.num_accepted} with gamma = {inp.gamma}"
+        assert 0 <= d.next_token < vocab, f"next_token = {d.next_token} outside [0, {vocab})"
+
+    @given(inp=verify_inputs(), seed=seeds, gen_seed=seeds)
+    def determinism(inp, seed, gen_seed):
+        decisions = []
+        for _ in range(2):
+            p, run_inp = fresh_input(inp, seed)
+            run_inp.generator = torch.Generator().manual_seed(gen_seed)
+            d = p(run_inp)
+            decisions.append((d.num_accepted, d.next_token))
+        assert decisions[0] == decisions[1], f"same seed, different decisions: {decisions}"
+
+    def validation():
+        inp = _fixed_input()
+        bad_inputs = {
+            "q_draft with the wrong vocabulary": dict(q_draft=inp.q_draft[:, :-1]),
+            "p_target with a missing bonus row": dict(p_target=inp.p_target[:-1]),
+            "a draft token outside the vocabulary": dict(draft_tokens=torch.tensor([0, 1, 99])),
+        }
+        for what, change in bad_inputs.items():
+            p, good = fresh_input(inp, 0)
+            broken = VerifyInput(**{**good.__dict__, **change})
+            try:
+                p(broken)
+            except (PolicyInputError, ValueError):
+                continue  # rejected with a clear input error, as it should be
+            except Exception as err:
+                raise CheckFailed(f"{name} crashed on {what} with {type(err).__name__}({err}); expected a "
+                                  f"PolicyInputError from the input check (AcceptancePolicy.__call__ runs it)") from None
+            raise CheckFailed(f"{name} accepted {what} without raising")
+
+    @given(cfg=model_configs(vocab_size=12), seed=seeds, gamma=st.integers(1, 5),
+           prompt=st.lists(st.integers(0, 5), min_size=1, max_size=10))
+    def greedy_equals_plain(cfg, seed, gamma, prompt):
+        target = random_model(cfg, seed, scale=3.0)
+        for draft in (random_model(cfg, seed + 1, scale=3.0), "ngram:2"):
+            plain = generate(target, prompt, max_new_tokens=10, eos_token_ids=[])
+            spec = generate(target, prompt, max_new_tokens=10, draft=draft, policy=policy_factory(), gamma=gamma,
+                            eos_token_ids=[])
+            assert spec.tokens == plain.tokens, f"speculative {spec.tokens} != plain greedy {plain.tokens}"
+
+    def one_step_lossless():
+        vocab, coins, params = 4, 2000, SamplingParams(1.0)
+        for case in range(2):
+            gen = torch.Generator().manual_seed(1000 + case)
+            draft_logits = 1.5 * torch.randn(1, vocab, generator=gen, dtype=torch.float64)  # [1, V]
+            q_draft = logits_to_probs(draft_logits, params)  # [1, V]
+
+            def verify_input(x: int, coin: int) -> tuple[AcceptancePolicy, VerifyInput]:
+                placeholder = torch.zeros(2, vocab, dtype=torch.float64)  # replaced by the head's logits
+                inp = VerifyInput(torch.tensor([x]), q_draft, placeholder, placeholder, params,
+                                  torch.Generator().manual_seed(coin), draft_logits)
+                return fresh_input(inp, seed=case)  # same hidden state and head for every coin
+
+            p_target = verify_input(0, 0)[1].p_target  # [2, V]: row 0 scores x, row 1 the bonus
+            observed = torch.zeros(vocab, dtype=torch.float64)
+            for x in range(vocab):  # exact over the draft token, weight q(x)
+                counts = torch.zeros(vocab, dtype=torch.float64)
+                for coin in range(coins):  # Monte Carlo over the policy's own coins
+                    policy_, inp = verify_input(x, coin)
+                    d = policy_(inp)
+                    counts[x if d.num_accepted >= 1 else d.next_token] += 1
+                observed += float(q_draft[0, x]) * counts
+            # observed is a q-weighted mix of multinomial counts: its variance is at most that
+            # of one multinomial with `coins` draws, so the chi-square test is conservative.
+            pv = chi_square_p_value({(i,): float(observed[i]) for i in range(vocab)},
+                                    {(i,): float(p_target[0, i]) for i in range(vocab)}, coins)
+            if pv < P_VALUE_FLOOR:
+                raise CheckFailed(
+                    f"{name}'s first emitted token is not distributed as p_target "
+                    f"(case {case}: p_target={[round(v, 3) for v in p_target[0].tolist()]}, "
+                    f"observed={[round(v / coins, 3) for v in observed.tolist()]}, chi-square p-value {pv:.2g})")
+
+    def multi_step_lossless():
+        cfg = tiny_config(vocab_size=4, num_layers=1)
+        target, draft = random_model(cfg, 11, scale=2.0), random_model(cfg, 12, scale=2.0)
+        prompt, n, runs = [0, 1, 2, 1], 3, 2000
+        for temperature in (1.0, 0.6):
+            probs = sequence_distribution(target, prompt, n, SamplingParams(temperature))
+            counts: dict = {}
+            for s in range(runs):
+                out = generate(target, prompt, max_new_tokens=n, draft=draft, policy=policy_factory(), gamma=2,
+                               temperature=temperature, seed=s, eos_token_ids=[])
+                counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+            pv = chi_square_p_value(counts, probs, runs)
+            if pv < P_VALUE_FLOOR:
+                worst = max(probs, key=lambda k: abs(counts.get(k, 0) / runs - probs[k]))
+                raise CheckFailed(
+                    f"{name} changes the distribution of 3-token outputs at temperature "
+                    f"{temperature} (chi-square p-value {pv:.2g}; e.g. {list(worst)}: expected {probs[worst]:.3f}, "
+                    f"observed {counts.get(worst, 0) / runs:.3f})")
+
+    @given(cfg=model_configs(vocab_size=12), seed=seeds, gamma=st.integers(1, 5),
+           prompt=st.lists(st.integers(0, 5), min_size=1, max_size=10))
+    def neutral_is_base(cfg, seed, gamma, prompt):
+        target = random_model(cfg, seed, scale=3.0)
+        for draft in (random_model(cfg, seed + 1, scale=3.0), "ngram:2", target):
+            want = generate(target, prompt, max_new_tokens=10, draft=draft, policy=base, gamma=gamma, eos_token_ids=[])
+            got = generate(target, prompt, max_new_tokens=10, draft=draft, policy=policy_factory(**neutral),
+                           gamma=gamma, eos_token_ids=[])
+            assert got.tokens == want.tokens, f"tokens {got.tokens} != {base}'s {want.tokens}"
+            assert got.stats["accepted_length_histogram"] == want.stats["accepted_length_histogram"], \
+                f"accepted lengths {got.stats['accepted_length_histogram']} != {base}'s"
+
+    _run(f"check_policy({name}): validation", validation)
+    _run(f"check_policy({name}): decision_range", decision_range)
+    _run(f"check_policy({name}): determinism", determinism)
+    if claims_lossless:
+        _run(f"check_policy({name}): greedy_equals_plain", greedy_equals_plain)
+        if statistical:
+            _run(f"check_policy({name}): one_step_lossless", one_step_lossless)
+            _run(f"check_policy({name}): multi_step_lossless", multi_step_lossless)
+    if neutral is not None:
+        _run(f"check_policy({name}): neutral_is_base", neutral_is_base)
+
+
+def _fixed_input() -> VerifyInput:
+    """A small valid input (gamma 3, V 6) for the validation check to break in different ways."""
+    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams(1.0)
+    target_logits = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    draft_logits = torch.randn(3, 6, generator=gen, dtype=torch.float64)
+    return VerifyInput(torch.tensor([0, 1, 2]), logits_to_probs(draft_logits, params), target_logits,
+                       logits_to_probs(target_logits, params), params, torch.Generator().manual_seed(0), draft_logits)

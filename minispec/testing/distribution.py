@@ -1,0 +1,45 @@
+"""Exact target distributions and a chi-square goodness-of-fit test, for losslessness checks.
+
+A lossless policy must leave the distribution of the generated text exactly that of sampling
+from the target alone. On a tiny model with a tiny vocabulary we can write that distribution
+down (enumerate every continuation of n tokens) and test observed counts against it.
+"""
+
+from __future__ import annotations
+
+from itertools import product
+
+import torch
+
+from minispec.sampling import SamplingParams, logits_to_probs
+
+
+@torch.inference_mode()
+def sequence_distribution(target, prompt: list[int], num_tokens: int, params: SamplingParams) -> dict[tuple, float]:
+    """P(continuation) under plain sampling from `target`, for every continuation of num_tokens
+    tokens: {tuple of ids: probability}. Costs vocab**num_tokens forwards: keep both tiny."""
+    vocab = target.config.vocab_size
+    probs = {}
+    for seq in product(range(vocab), repeat=num_tokens):
+        logits = target(torch.tensor([prompt + list(seq)]))[0].double()  # [T, V]
+        p = logits_to_probs(logits, params)  # [T, V]
+        rows = torch.arange(len(prompt) - 1, len(prompt) - 1 + num_tokens)
+        probs[seq] = float(p[rows, torch.tensor(seq)].prod())
+    return probs
+
+
+def chi_square_p_value(counts: dict, probs: dict, num_samples: int) -> float:
+    """Pearson chi-square goodness of fit of `counts` to `probs`; cells whose expected count is
+    below 5 are pooled into one (the usual validity rule for the chi-square approximation).
+    An observed outcome of probability 0 gives p-value 0."""
+    if any(probs.get(k, 0.0) == 0.0 and c > 0 for k, c in counts.items()):
+        return 0.0
+    small = [k for k in probs if probs[k] * num_samples < 5]
+    cells = [([k], probs[k]) for k in probs if k not in small]
+    if small:
+        cells.append((small, sum(probs[k] for k in small)))
+    cells = [(keys, p) for keys, p in cells if p > 0]
+    stat = sum((sum(counts.get(k, 0) for k in keys) - p * num_samples) ** 2 / (p * num_samples) for keys, p in cells)
+    dof = max(len(cells) - 1, 1)
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))

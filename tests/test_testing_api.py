@@ -1,0 +1,100 @@
+"""minispec.testing used the way a user would: on our own policies and cache, on a policy
+written here outside the package, and on broken variants that it must catch readably."""
+
+import pytest
+import torch
+
+from minispec import acceptance
+from minispec.acceptance import AcceptancePolicy, Decision, ExactMatch, SpeculativeSampling, TypicalAcceptance
+from minispec.acceptance.base import first_rejection
+from minispec.kv_cache import KVCache
+from minispec.sampling import sample_token
+from minispec.testing import CheckFailed, check_cache, check_policy
+
+
+# ------------------------------------------------------------------------------ our own code
+
+def test_our_cache_passes():
+    check_cache(KVCache)
+
+
+def test_exact_passes():
+    check_policy(ExactMatch, statistical=False)  # lossless at T=0 only: it is greedy decoding
+
+
+def test_sampling_passes_every_check_including_the_statistical_ones():
+    check_policy(SpeculativeSampling)
+
+
+def test_typical_passes_the_generic_checks():
+    check_policy(TypicalAcceptance)
+
+
+def test_dropmatch_reduces_to_exact_at_p0():
+    check_policy(lambda **kw: acceptance.get("dropmatch", **kw), neutral={"p": 0.0}, base="exact")
+
+
+# ------------------------------------------------------------- a user's policy, right and wrong
+
+class MySampling(AcceptancePolicy):
+    """A user's own speculative sampling, written against the public interface only."""
+
+    lossless = True
+    name = "my-sampling"
+
+    def residual(self, p, q):
+        r = (p - q).clamp(min=0)
+        return r / r.sum() if r.sum() > 0 else p
+
+    def decide(self, inp):
+        g = inp.gamma
+        u = torch.rand(g, generator=inp.generator, dtype=torch.float64)
+        x = inp.draft_tokens
+        p_x = inp.p_target[torch.arange(g), x]
+        q_x = inp.q_draft[torch.arange(g), x]
+        n = first_rejection(u * q_x < p_x)  # u < p/q without dividing
+        if n < g:
+            return Decision(n, sample_token(self.residual(inp.p_target[n], inp.q_draft[n]), inp.generator))
+        return Decision(n, sample_token(inp.p_target[g], inp.generator))
+
+
+class MyBrokenSampling(MySampling):
+    """The classic bug: on rejection, resample from p instead of the residual max(0, p - q)."""
+
+    def residual(self, p, q):
+        return p
+
+
+def test_a_users_policy_passes():
+    check_policy(MySampling)
+
+
+def test_a_wrong_residual_is_reported_readably():
+    with pytest.raises(CheckFailed) as err:
+        check_policy(MyBrokenSampling)
+    message = str(err.value)
+    assert message.startswith("check_policy(MyBrokenSampling): one_step_lossless:")
+    assert "not distributed as p_target" in message and "p-value" in message
+
+
+def test_a_validation_hole_is_reported():
+    class NoChecks(MySampling):
+        def __call__(self, inp):  # skips the base class's input check
+            return self.decide(inp)
+
+    with pytest.raises(CheckFailed) as err:
+        check_policy(NoChecks, statistical=False)
+    assert str(err.value).startswith("check_policy(NoChecks): validation: NoChecks crashed on q_draft with the wrong vocabulary")
+
+
+class OffByOneCache(KVCache):
+    """Rolls back one position too few: a rejected draft's keys stay visible."""
+
+    def truncate(self, length):
+        super().truncate(min(length + 1, self.length))
+
+
+def test_a_broken_cache_is_reported():
+    with pytest.raises(CheckFailed) as err:
+        check_cache(OffByOneCache)
+    assert str(err.value).startswith("check_cache(OffByOneCache): cache validity under appends and rollbacks:")
