@@ -1,4 +1,5 @@
-"""Hypothesis profiles: dev (quick, default), ci (derandomized), thorough (nightly-style).
+"""Hypothesis profiles: dev (quick, default), ci (derandomized), thorough (nightly-style), and
+mutation (ci without shrinking or the example database; scripts/mutation_check.py uses it).
 
     MINISPEC_PROFILE=ci python -m pytest -q
 
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 PROFILES = {
     "dev": dict(max_examples=15),
     "ci": dict(max_examples=30, derandomize=True, print_blob=True),
     "thorough": dict(max_examples=500),
+    "mutation": dict(max_examples=30, derandomize=True, database=None,
+                     phases=[Phase.explicit, Phase.reuse, Phase.generate]),
 }
 
 
