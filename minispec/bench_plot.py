@@ -1,0 +1,81 @@
+"""The benchmark's plot: `plot(result, path)` draws bench.png from bench.json's content.
+
+    row 1   tau against gamma, one panel per drafter, one line per policy
+    row 2   speed-up over plain decoding against gamma, the same layout
+    row 3   quality against tau, every speculative config as a point: the target's NLL of the
+            output (left) and token agreement with plain greedy before the first divergence (right)
+
+Everything uses the rows pooled over all sets ("all"); temperature 0 is drawn solid with circles,
+other temperatures dashed with squares. Needs matplotlib (an optional dependency: bench.py
+writes the JSON and markdown without it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _policy_name(row: dict) -> str:
+    return row["policy"] + (f"/{row['criterion']}" if row["criterion"] else "")
+
+
+def plot(result: dict, path: Path) -> Path:
+    """Write the figure described in the module docstring to `path`; return `path`."""
+    rows = [r for r in result["summary"] if r["set"] == "all" and r["tool"] == "minispec" and r["drafter"] is not None]
+    drafters = list(dict.fromkeys(r["drafter"] for r in rows))
+    policies = list(dict.fromkeys(_policy_name(r) for r in rows))
+    temperatures = list(dict.fromkeys(r["temperature"] for r in rows))
+    gammas = sorted({r["gamma"] for r in rows})
+    colours = {p: plt.cm.tab10(i % 10) for i, p in enumerate(policies)}
+    styles = {t: ("-", "o") if t == 0 else ("--", "s") for t in temperatures}
+
+    columns = max(2, len(drafters))
+    fig, axes = plt.subplots(3, columns, figsize=(4.2 * columns, 11), squeeze=False)
+    for col, drafter in enumerate(drafters):
+        for row_index, (metric, title) in enumerate((("tau", "tau"), ("speedup", "speed-up vs plain"))):
+            ax = axes[row_index][col]
+            for policy in policies:
+                for t in temperatures:
+                    points = sorted((r["gamma"], r[metric]) for r in rows if r["drafter"] == drafter
+                                    and _policy_name(r) == policy and r["temperature"] == t and r[metric] is not None)
+                    if points:
+                        line, marker = styles[t]
+                        ax.plot(*zip(*points), line, marker=marker, color=colours[policy], label=f"{policy} T={t:g}")
+            if metric == "speedup":
+                ax.axhline(1.0, color="grey", linewidth=0.8)
+            ax.set_title(f"{drafter}: {title}")
+            ax.set_xlabel("gamma")
+            ax.set_xticks(gammas)
+            ax.grid(alpha=0.3)
+    for col in range(len(drafters), columns):  # unused panels in rows 1-2
+        axes[0][col].axis("off")
+        axes[1][col].axis("off")
+
+    for ax, (metric, label) in zip(axes[2], (("nll", "target NLL of the output"), ("agree_prefix", "agreement with greedy (prefix)"))):
+        for r in rows:
+            if r[metric] is not None and r["tau"] is not None:
+                line, marker = styles[r["temperature"]]
+                ax.scatter(r["tau"], r[metric], color=colours[_policy_name(r)], marker=marker, s=28)
+        ax.set_xlabel("tau")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label.split(' (')[0]} vs tau (o: T=0, s: T>0)", fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in axes[2][2:]:
+        ax.axis("off")
+
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
+    meta = result["meta"]
+    fig.suptitle(f"minispec bench: {meta['dtype']}, {meta['max_new_tokens']} new tokens, "
+                 f"{meta['prompts_per_set']} prompts x {len(meta['sets'])} sets, all sets pooled", fontsize=11)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

