@@ -201,7 +201,8 @@ class StepStats:
         self.accepted_at = [0] * gamma  # ... and accepted
         self.histogram = [0] * (gamma + 1)  # steps by number of accepted drafts
         self.dropmatch_only = 0
-        self.heads_agree: list[float] = []
+        self.agree_positions = 0.0  # DropMatch: positions where all K heads agreed with the clean argmax
+        self.scored_positions = 0  # ... out of this many verified positions
 
     def record(self, num_drafted: int, num_accepted: int, info: dict) -> None:
         self.num_steps += 1
@@ -212,8 +213,9 @@ class StepStats:
             self.proposed_at[i] += 1
             self.accepted_at[i] += i < num_accepted
         self.dropmatch_only += info.get("accepted_by_dropmatch_only", 0)
-        if "heads_all_agree" in info:
-            self.heads_agree.append(info["heads_all_agree"])
+        if "heads_all_agree" in info:  # a fraction of this step's num_drafted + 1 positions
+            self.agree_positions += info["heads_all_agree"] * (num_drafted + 1)
+            self.scored_positions += num_drafted + 1
 
     def summary(self) -> dict:
         out = {
@@ -226,8 +228,8 @@ class StepStats:
             "per_position_acceptance": [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)],
             "accepted_length_histogram": self.histogram,
         }
-        if self.heads_agree:
-            out["heads_all_agree"] = sum(self.heads_agree) / len(self.heads_agree)
+        if self.scored_positions:
+            out["heads_all_agree"] = self.agree_positions / self.scored_positions
             out["accepted_by_dropmatch_only"] = self.dropmatch_only
         return out
 
@@ -261,6 +263,8 @@ def _base_stats(num_prompt: int, tokens: list[int], t_prefill: float, total: flo
         "prefill_tokens_per_second": num_prompt / t_prefill if t_prefill > 0 else float("inf"),
         # end to end: generated tokens over prefill + decode time
         "tokens_per_second": len(tokens) / total if total > 0 else float("inf"),
+        # after the prefill: the tokens after the first (which the prefill itself yields)
+        "decode_tokens_per_second": (len(tokens) - 1) / (total - t_prefill) if total > t_prefill else float("inf"),
     }
 
 
