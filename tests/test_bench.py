@@ -162,7 +162,7 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_quick_fills_only_what_was_not_given():
     args = bench.parse_args(["--quick", "--gammas", "3,8", "--policies", "exact,dropmatch"])
-    assert args.quick and args.gammas == (3, 8) and args.max_new_tokens == 48 and args.prompts_per_set == 2
+    assert args.quick and args.gammas == (3, 8) and args.max_new_tokens == 40 and args.prompts_per_set == 1
     assert args.policies == ("exact", "dropmatch:js_or_majority", "dropmatch:majority", "dropmatch:naive")
     full = bench.parse_args(["--temperatures", "1,0", "--sets", "spec_bench"])
     assert full.temperatures == (0.0, 1.0) and full.sets == bench.SPEC_BENCH_SETS and full.gammas == (3, 5, 8)
