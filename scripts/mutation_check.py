@@ -83,7 +83,7 @@ CATALOGUE = [
            "q_draft computed at temperature 1 while p_target uses the requested temperature"),
     Mutant("bonus-token-dropped", "minispec/speculative.py",
            "emitted = draft.tokens[:n] + [decision.next_token]",
-           "emitted = draft.tokens[:n] + ([decision.next_token] if n < g else [])",
+           "emitted = draft.tokens[:n] + ([decision.next_token] if n < g or g == 0 else [])",
            "no bonus token after a fully accepted draft"),
     Mutant("draft-cache-not-caught-up", "minispec/drafters.py",
            "logits = self._logits(context[self.cache.length:])",
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Apply realistic bugs one at a time and check the suite catches each.")
     ap.add_argument("--only", nargs="*", default=None, help="run only these mutants (by name)")
     ap.add_argument("--skip-baseline", action="store_true", help="don't first check that the unmutated suite passes")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per suite run (default 900)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per suite run; a hang counts as killed (default 600)")
     ap.add_argument("--list", action="store_true", help="list the catalogue and exit")
     args = ap.parse_args(argv)
     mutants = [m for m in CATALOGUE if args.only is None or m.name in args.only]

@@ -20,7 +20,8 @@ Policy checks (a policy is an AcceptancePolicy subclass; see minispec/acceptance
                       enumeration over the draft token x with weight q(x), Monte Carlo over the
                       policy's own coins, chi-square against p_target
   multi_step_lossless (lossless) 3-token outputs of a tiny model through the real loop,
-                      chi-square against the exact sequence distribution, at T=1 and T=0.6
+                      chi-square against the exact sequence distribution, at T=0.5 and T=2
+                      (away from 1, so a temperature applied to p but not to q shows)
   neutral_is_base     (if neutral= is given) at temperature 0 the policy built with the neutral
                       kwargs emits exactly the base policy's tokens and decisions
 """
@@ -201,7 +202,7 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
         cfg = tiny_config(vocab_size=4, num_layers=1)
         target, draft = random_model(cfg, 11, scale=2.0), random_model(cfg, 12, scale=2.0)
         prompt, n, runs = [0, 1, 2, 1], 3, 2000
-        for temperature in (1.0, 0.6):
+        for temperature in (0.5, 2.0):
             probs = sequence_distribution(target, prompt, n, SamplingParams(temperature))
             counts: dict = {}
             for s in range(runs):
