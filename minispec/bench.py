@@ -91,7 +91,7 @@ GSM8K_INSTRUCTION = "\n\nSolve it step by step, then give the final answer as a 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the whole function in one code block.\n\n"
 
 # The full run (~1 h on 2 cores): 8 prompt sets x 1 prompt x 57 configurations x 2 temperatures.
-FULL = dict(sets=ALL_SETS, prompts_per_set=1, gammas=(3, 5, 8), max_new_tokens=64,
+FULL = dict(sets=ALL_SETS, prompts_per_set=1, gammas=(3, 5, 8), max_new_tokens=48,
             drafters=("ngram", "self:bf16", "early-exit:24"), temperatures=(0.0, 1.0))
 # --quick (~4 min on 2 cores): 3 sets x 1 prompt, gamma 5, two drafters.
 QUICK = dict(sets=("mt_bench", "gsm8k", "humaneval"), prompts_per_set=1, gammas=(5,), max_new_tokens=40,
@@ -980,7 +980,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, default=None, help="folder with spec_bench_dev.jsonl and gsm8k_test_dev.jsonl "
                    "(default: shared/data in or next to the repository)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="target dtype (NLL is always fp32)")
-    p.add_argument("--max-new-tokens", type=_one_int("--max-new-tokens"), default=None, help="default 64 (quick 40)")
+    p.add_argument("--max-new-tokens", type=_one_int("--max-new-tokens"), default=None, help="default 48 (quick 40)")
     p.add_argument("--prompts-per-set", type=_one_int("--prompts-per-set"), default=None,
                    help="the first N prompts of each set (default 1, quick 1)")
     p.add_argument("--sets", type=_name_list("--sets", _expand_set, f"names from {list(ALL_SETS) + list(SET_ALIASES)}"),
