@@ -89,3 +89,41 @@ def test_writing_past_max_seq_len_is_an_error_not_corruption():
 # The stateful test: append / verify-sized chunks / truncate, every output compared with a
 # from-scratch forward (the machine lives in minispec.testing so users can run it on their caches).
 test_cache_state_machine = make_cache_machine(KVCache).TestCase
+
+
+def naive_attention_logits(model, tokens):
+    """The whole model written out with explicit loops over heads: an oracle independent of
+    SDPA's GQA mapping and of our mask builder (query head h reads kv head h // num_kv_groups)."""
+    import torch.nn.functional as F
+
+    from minispec.model import apply_rope, rope_cos_sin
+
+    cfg = model.config
+    T = len(tokens)
+    cos, sin = rope_cos_sin(torch.arange(T), model._inv_freq, model.dtype)
+    x = model.embed_tokens(torch.tensor([tokens]))  # [1, T, d]
+    for block in model.layers:
+        attn, h = block.self_attn, block.input_layernorm(x)
+        q = attn.q_proj(h).view(1, T, cfg.num_heads, cfg.head_dim)
+        k = attn.k_proj(h).view(1, T, cfg.num_kv_heads, cfg.head_dim)
+        v = attn.v_proj(h).view(1, T, cfg.num_kv_heads, cfg.head_dim)
+        if attn.q_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)  # [1, H, T, hd]
+        v = v.transpose(1, 2)
+        heads = []
+        for head in range(cfg.num_heads):
+            kv = head // cfg.num_kv_groups
+            scores = q[0, head] @ k[0, kv].T / cfg.head_dim ** 0.5  # [T, T]
+            scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            heads.append(F.softmax(scores, dim=-1) @ v[0, kv])  # [T, hd]
+        x = x + attn.o_proj(torch.cat(heads, dim=-1)[None])
+        x = x + block.mlp(block.post_attention_layernorm(x))
+    return model.head(model.norm(x))[0]
+
+
+@given(cfg=model_configs(), seed=seeds, data=st.data())
+def test_model_equals_a_naive_per_head_reference(cfg, seed, data):
+    model = random_model(cfg, seed)
+    tokens = data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), min_size=1, max_size=12), label="tokens")
+    torch.testing.assert_close(full_logits(model, tokens), naive_attention_logits(model, tokens), atol=ATOL, rtol=0)
