@@ -72,7 +72,7 @@ class ModelDrafter(Drafter):
         cfg = self.model.config
         self.cache = KVCache(
             self.num_layers or cfg.num_layers, 1, cfg.num_kv_heads, max_seq_len, cfg.head_dim,
-            dtype=self.model.dtype, device=self.model.device,
+            dtype=self.model.compute_dtype or self.model.dtype, device=self.model.device,
         )
         self.forwards = 0
 
@@ -130,7 +130,14 @@ class NgramDrafter(Drafter):
 
 
 def self_draft(target: Transformer, precision: str) -> Transformer:
-    """A copy of the target at lower precision ("bf16"), the 'quantized self-draft'."""
+    """A copy of the target at lower precision ("bf16"), the 'quantized self-draft'.
+
+    Needs the target as loaded (before minispec.fast.optimize, which repacks its weights);
+    optimize the copy afterwards if wanted (minispec.fast.optimize_drafter).
+    """
+    if getattr(target, "optimized", False):
+        raise MinispecError("self-draft: the target is already optimized by minispec.fast; "
+                            "build the self-draft first, then optimize both")
     if precision in ("bf16", "bfloat16"):
         return copy.deepcopy(target).to(torch.bfloat16)
     raise MinispecError(f"--draft self:{precision}: unknown precision; expected self:bf16")

@@ -39,6 +39,7 @@ class GenerateArgs:
     seed: int
     dtype: str
     device: str
+    kernels: str
     json: bool
     draft: str | None
     policy: str
@@ -91,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--kernels", choices=["fast", "reference"], default="fast",
+                   help="fast: minispec.fast's packed, fused weights (float32/bfloat16 on CPU); "
+                        "reference: model.py exactly as written")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--draft", default=None,
@@ -116,6 +120,7 @@ def parse_args(argv: list[str] | None = None) -> GenerateArgs:
 
 
 def run(args: GenerateArgs) -> dict:
+    from minispec import fast
     from minispec.checkpoint import load_model
     from minispec.drafters import make_drafter
     from minispec.speculative import generate
@@ -134,7 +139,10 @@ def run(args: GenerateArgs) -> dict:
 
     model = load_model(ckpt, dtype=DTYPES[args.dtype], device=device)
     tokenizer = load_tokenizer(ckpt)
-    drafter = make_drafter(args.draft, model)
+    drafter = make_drafter(args.draft, model)  # before optimize: a self-draft copies the loaded weights
+    if args.kernels == "fast" and device.type == "cpu" and model.dtype in fast.SUPPORTED_DTYPES:
+        fast.optimize(model)
+        fast.optimize_drafter(drafter)
     policy = _policy(args)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [

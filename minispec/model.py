@@ -193,6 +193,9 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         # float64, outside the module's buffers so .to(bfloat16) never rounds the frequencies
         self._inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        # dtype of activations, RoPE tables and the K/V cache; None = the weights' dtype.
+        # minispec.fast sets float32 (bf16 weights, float32 arithmetic around the matmuls).
+        self.compute_dtype: torch.dtype | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -207,7 +210,7 @@ class Transformer(nn.Module):
         c = self.config
         return KVCache(
             c.num_layers, batch_size, c.num_kv_heads, max_seq_len or c.max_position_embeddings, c.head_dim,
-            dtype=self.dtype, device=self.device,
+            dtype=self.compute_dtype or self.dtype, device=self.device,
         )
 
     def forward_hidden(
@@ -224,10 +227,11 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.check_room(T)
         positions = torch.arange(start, start + T, device=input_ids.device)
-        cos, sin = rope_cos_sin(positions, self._inv_freq.to(input_ids.device), self.dtype)
+        compute_dtype = self.compute_dtype or self.dtype
+        cos, sin = rope_cos_sin(positions, self._inv_freq.to(input_ids.device), compute_dtype)
         mask = causal_mask(start, T, input_ids.device)
 
-        x = self.embed_tokens(input_ids)  # [B, T, d]
+        x = self.embed_tokens(input_ids).to(compute_dtype)  # [B, T, d]
         for block in self.layers[:num_layers]:
             x = block(x, cos, sin, mask, cache)
         if cache is not None:

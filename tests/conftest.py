@@ -31,3 +31,17 @@ def real_tokenizer(real_ckpt):
     from minispec import load_tokenizer
 
     return load_tokenizer(real_ckpt)
+
+
+@pytest.fixture(scope="session")
+def real_fast_model(real_ckpt):
+    """The real checkpoint through minispec.fast (packed, fused weights), float32."""
+    from minispec import fast, load_model
+
+    return fast.optimize(load_model(real_ckpt))
+
+
+@pytest.fixture(params=["reference", "fast"])
+def real_model_any(request):
+    """The real checkpoint, once per kernel path: the same checks must hold on both."""
+    return request.getfixturevalue("real_model" if request.param == "reference" else "real_fast_model")

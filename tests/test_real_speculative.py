@@ -9,6 +9,8 @@ target's top-2 logits (recomputed from scratch) are within MARGIN = 1e-3, ~30x t
 float32 discrepancy we measured between implementations (3.6e-5, test_real_checkpoint.py).
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -36,6 +38,22 @@ def assert_equal_up_to_near_tie(model, prompt, got, want):
 
 @pytest.mark.parametrize("draft", ["ngram", "self:bf16"])
 def test_exact_speculative_equals_plain_greedy(real_model, real_tokenizer, draft):
+    _check_speculative_equals_plain(real_model, real_tokenizer, draft)
+
+
+@pytest.mark.parametrize("draft", ["ngram", "self:bf16"])
+def test_exact_speculative_equals_plain_greedy_on_the_fast_path(real_model, real_tokenizer, draft):
+    """minispec.fast: the target (and the self-draft copy, made before packing) optimized."""
+    from minispec import fast
+    from minispec.drafters import make_drafter
+
+    target = fast.optimize(copy.deepcopy(real_model))
+    drafter = make_drafter(draft, real_model)  # a self-draft copies the reference weights
+    fast.optimize_drafter(drafter)
+    _check_speculative_equals_plain(target, real_tokenizer, drafter)
+
+
+def _check_speculative_equals_plain(real_model, real_tokenizer, draft):
     for text in PROMPTS:
         prompt = real_tokenizer.apply_chat_template([{"role": "user", "content": text}])
         plain = generate(real_model, prompt, max_new_tokens=40)

@@ -1,0 +1,492 @@
+"""Speed benchmark: how close plain and speculative decoding get to this machine's limits.
+
+    python -m minispec.bench_speed [--quick] [--out out/bench-speed] [--prompts N] [--new-tokens N]
+
+Everything is measured in ONE run, on the same prompts, with nothing else running, and reported
+as ratios against baselines from the same run (medians over prompts):
+
+1. Streaming bandwidth: a large bf16 matrix-vector product (256 MiB of weights), with F.linear and
+   with the packed oneDNN kernel; the faster one is the bandwidth B. The bound for plain decoding is
+   B / weights_bytes tokens/s (every weight is read once per token).
+2. Plain greedy decoding, float32 and bfloat16, of minispec's reference path ("before": model.py as
+   written), minispec's fast path ("after": minispec.fast.optimize) and transformers' `generate`,
+   on short chat prompts and Spec-Bench summarization prompts, a fixed number of new tokens
+   (eos ignored, so every system does the same work). End-to-end tokens/s (prefill included),
+   decode-only tokens/s and its fraction of the bound, and prefill tokens/s (one forward over the
+   prompt).
+3. Speculative decoding at temperature 0 with the exact policy on Spec-Bench summarization and RAG
+   prompts (stops at eos): n-gram prompt lookup and the bf16 self-draft at several gamma, against
+   our own plain decoding (same dtype, fast path) and transformers' plain and prompt-lookup
+   generation. Outputs are checked to equal plain greedy decoding's.
+4. DropMatch (K=5, p=0.3): the extra LM-head rows as a share of a verify step at gamma 5.
+5. Peak memory of generation (a fresh subprocess per configuration): the rise of the peak
+   resident set size over the process's size before the model was loaded, against
+   weights_bytes + kv_cache_bytes.
+
+Writes speed.json and speed.md to --out (default out/bench-speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from minispec.errors import MinispecError
+
+SHORT_CHAT = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in three sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "Give me two tips for learning to cook.",
+]
+DTYPES = ("float32", "bfloat16")
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _timed(fn, reps: int) -> float:
+    """Median seconds of fn() over reps calls after one warm-up call."""
+    fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+# ------------------------------------------------------------------------------------ bandwidth
+
+
+def measure_bandwidth(reps: int = 15) -> dict:
+    """GB/s of a bf16 matrix-vector product over 256 MiB of weights (far larger than any cache)."""
+    from minispec.fast import PackedLinear, packed_kernels_available
+
+    weight = torch.randn(32768, 4096).to(torch.bfloat16)  # 256 MiB
+    x = torch.randn(1, 4096).to(torch.bfloat16)
+    nbytes = weight.numel() * weight.element_size()
+    result = {"bytes": nbytes}
+    result["f_linear_gbps"] = nbytes / _timed(lambda: torch.nn.functional.linear(x, weight), reps) / 1e9
+    if packed_kernels_available():
+        packed = PackedLinear(weight, None)
+        del weight
+        result["packed_gbps"] = nbytes / _timed(lambda: packed(x), reps) / 1e9
+    result["bandwidth_gbps"] = max(v for k, v in result.items() if k.endswith("_gbps"))
+    return result
+
+
+# ------------------------------------------------------------------------------- the systems
+
+
+def weights_bytes(model) -> int:
+    """Bytes of the model's distinct parameter tensors (a tied head counted once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def load_systems(ckpt: Path, dtype: torch.dtype, with_transformers: bool) -> dict:
+    import minispec
+    from minispec import fast
+
+    systems = {"reference": minispec.load_model(ckpt, dtype=dtype),
+               "fast": fast.optimize(minispec.load_model(ckpt, dtype=dtype))}
+    if with_transformers:
+        from minispec.bench import load_transformers
+
+        hf = load_transformers(ckpt, dtype)
+        if hf is not None:
+            systems["transformers"] = hf
+    return systems
+
+
+def plain_run(name: str, model, ids: list[int], new_tokens: int, eos: list[int]) -> dict:
+    """Greedy decoding of exactly `new_tokens` (eos=[]) or up to eos; end-to-end seconds."""
+    from minispec.speculative import generate
+
+    if name == "transformers":
+        x = torch.tensor([ids])
+        kwargs = dict(min_new_tokens=new_tokens) if not eos else {}
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                                 eos_token_id=eos or None, pad_token_id=(eos or [2])[0], **kwargs)
+        seconds = time.perf_counter() - t0
+        return {"tokens": out[0, len(ids):].tolist(), "seconds": seconds}
+    with torch.inference_mode():
+        result = generate(model, ids, max_new_tokens=new_tokens, eos_token_ids=eos)
+    return {"tokens": result.tokens, "seconds": result.stats["total_seconds"],
+            "decode_tps": result.stats["decode_tokens_per_second"]}
+
+
+def prefill_seconds(name: str, model, ids: list[int], reps: int) -> float:
+    x = torch.tensor([ids])
+    if name == "transformers":
+        fn = lambda: model(x, use_cache=True)  # noqa: E731  (what generate's first step does)
+    else:
+        fn = lambda: model(x, model.new_cache(1, len(ids)))  # noqa: E731
+    with torch.inference_mode():
+        return _timed(fn, reps)
+
+
+def bench_plain(systems: dict, prompts: dict[str, list[list[int]]], new_tokens: int, reps: int) -> list[dict]:
+    """Every system on every prompt, interleaved per prompt (so drift hits all alike)."""
+    records = []
+    for set_name, prompt_list in prompts.items():
+        for i, ids in enumerate(prompt_list):
+            for name, model in systems.items():
+                runs = [plain_run(name, model, ids, new_tokens, eos=[]) for _ in range(reps)]
+                seconds = statistics.median(r["seconds"] for r in runs)
+                records.append({
+                    "set": set_name, "prompt": i, "system": name, "prompt_tokens": len(ids),
+                    "new_tokens": len(runs[0]["tokens"]), "tokens": runs[0]["tokens"],
+                    "tps": len(runs[0]["tokens"]) / seconds,
+                    "decode_tps": _median(r.get("decode_tps") for r in runs),
+                    "prefill_tps": len(ids) / prefill_seconds(name, model, ids, max(reps, 3)),
+                })
+    return records
+
+
+# ------------------------------------------------------------------------------- speculative
+
+
+def bench_speculative(ckpt: Path, dtype: torch.dtype, prompts: dict[str, list[list[int]]], gammas: list[int],
+                      max_new_tokens: int, eos: list[int], hf) -> list[dict]:
+    """Plain vs drafters (exact policy, T=0) on our fast path; transformers plain and prompt lookup."""
+    import minispec
+    from minispec import fast
+    from minispec.drafters import make_drafter
+    from minispec.speculative import generate
+
+    model = minispec.load_model(ckpt, dtype=dtype)
+    drafters = {"ngram": make_drafter("ngram", model)}
+    if dtype == torch.float32:
+        drafters["self:bf16"] = make_drafter("self:bf16", model)  # before optimize: it copies the weights
+    fast.optimize(model)
+    for drafter in drafters.values():
+        fast.optimize_drafter(drafter)
+
+    records = []
+    for set_name, prompt_list in prompts.items():
+        for i, ids in enumerate(prompt_list):
+            def record(system, drafter, gamma, tokens, seconds, stats=None):
+                records.append({"set": set_name, "prompt": i, "system": system, "drafter": drafter, "gamma": gamma,
+                                "prompt_tokens": len(ids), "new_tokens": len(tokens), "tokens": tokens,
+                                "tps": len(tokens) / seconds, "tau": None if stats is None else stats.get("tau")})
+
+            with torch.inference_mode():
+                plain = generate(model, ids, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+                record("minispec", "plain", None, plain.tokens, plain.stats["total_seconds"], plain.stats)
+                for dname, drafter in drafters.items():
+                    for gamma in gammas:
+                        out = generate(model, ids, max_new_tokens=max_new_tokens, draft=drafter, policy="exact",
+                                       gamma=gamma, eos_token_ids=eos)
+                        record("minispec", dname, gamma, out.tokens, out.stats["total_seconds"], out.stats)
+            if hf is not None:
+                run = plain_run("transformers", hf, ids, max_new_tokens, eos)
+                record("transformers", "plain", None, run["tokens"], run["seconds"])
+                for gamma in gammas:
+                    x = torch.tensor([ids])
+                    t0 = time.perf_counter()
+                    with torch.inference_mode():
+                        out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                          do_sample=False, eos_token_id=eos, pad_token_id=eos[0],
+                                          prompt_lookup_num_tokens=gamma)
+                    record("transformers", "prompt-lookup", gamma, out[0, len(ids):].tolist(), time.perf_counter() - t0)
+    return records
+
+
+def dropmatch_overhead(ckpt: Path, dtype: torch.dtype, ids: list[int], reps: int) -> list[dict]:
+    import minispec
+    from minispec import acceptance, fast
+    from minispec.bench import measure_head_overhead
+
+    rows = []
+    for kernels in ("reference", "fast"):
+        model = minispec.load_model(ckpt, dtype=dtype)
+        if kernels == "fast":
+            fast.optimize(model)
+        policy = acceptance.get("dropmatch", p=0.3, paths=5)
+        with torch.inference_mode():
+            for gamma in (3, 5, 8):
+                rows.append({"kernels": kernels, **measure_head_overhead(model, ids, gamma, policy, reps)})
+    return rows
+
+
+# ------------------------------------------------------------------------------------- memory
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def memory_child(ckpt: str, dtype_name: str, kernels: str, ids: list[int], new_tokens: int, draft: str | None) -> dict:
+    """Run in a fresh process: peak RSS rise while loading+generating vs weights + KV cache bytes."""
+    import minispec
+    from minispec import fast
+    from minispec.drafters import make_drafter
+    from minispec.speculative import generate
+
+    torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2))  # load the BLAS/oneDNN libraries first
+    torch.ops.mkldnn._linear_pointwise(torch.ones(2, 2), torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2), 1),
+                                       None, "none", [], "")
+    base_kib = _rss_kib("VmRSS")
+    model = minispec.load_model(ckpt, dtype=getattr(torch, dtype_name))
+    w_bytes = weights_bytes(model)
+    drafter = make_drafter(draft, model)
+    draft_bytes = weights_bytes(drafter.model) if getattr(drafter, "model", model) is not model else 0
+    if kernels == "fast":
+        fast.optimize(model)
+        fast.optimize_drafter(drafter)
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+    after_load_kib = _rss_kib("VmRSS")
+    with torch.inference_mode():
+        result = generate(model, ids, max_new_tokens=new_tokens, draft=drafter, gamma=5, eos_token_ids=[])
+    peak_kib = _rss_kib("VmHWM")
+    cfg = model.config
+    kv_dtype = model.compute_dtype or model.dtype
+    positions = len(ids) + new_tokens + (6 if drafter is not None else 0)
+    kv_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * positions * torch.finfo(kv_dtype).bits // 8
+    if drafter is not None and getattr(drafter, "model", None) is not None:
+        dm = drafter.model
+        d_dtype = dm.compute_dtype or dm.dtype
+        kv_bytes += 2 * dm.config.num_layers * dm.config.num_kv_heads * dm.config.head_dim * positions \
+            * torch.finfo(d_dtype).bits // 8
+    budget = w_bytes + draft_bytes + kv_bytes
+    return {"dtype": dtype_name, "kernels": kernels, "draft": draft, "weights_bytes": w_bytes + draft_bytes,
+            "kv_bytes": kv_bytes, "after_load_rise_bytes": (after_load_kib - base_kib) * 1024,
+            "peak_rise_bytes": (peak_kib - base_kib) * 1024, "ratio": (peak_kib - base_kib) * 1024 / budget,
+            "tokens": len(result.tokens)}
+
+
+def measure_memory(ckpt: Path, ids: list[int], new_tokens: int) -> list[dict]:
+    rows = []
+    for dtype_name in DTYPES:
+        for kernels in ("reference", "fast"):
+            for draft in ([None, "self:bf16"] if dtype_name == "float32" else [None]):
+                code = ("import json,sys; from minispec.bench_speed import memory_child; "
+                        "print(json.dumps(memory_child(*json.loads(sys.argv[1]))))")
+                arg = json.dumps([str(ckpt), dtype_name, kernels, ids, new_tokens, draft])
+                out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True, check=True)
+                rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+# ------------------------------------------------------------------------------------ summary
+
+
+def summarise_plain(records: list[dict], wbytes: dict, bandwidth: float) -> list[dict]:
+    rows = []
+    for dtype_name in DTYPES:
+        for set_name in sorted({r["set"] for r in records}):
+            group = [r for r in records if r["dtype"] == dtype_name and r["set"] == set_name]
+            if not group:
+                continue
+            med = lambda system, key: _median(r[key] for r in group if r["system"] == system)  # noqa: E731
+            bound = bandwidth / wbytes[dtype_name]
+            row = {"dtype": dtype_name, "set": set_name, "bound_tps": bound,
+                   "prompt_tokens": _median(r["prompt_tokens"] for r in group)}
+            for system in ("reference", "fast", "transformers"):
+                row[f"{system}_tps"] = med(system, "tps")
+                row[f"{system}_decode_tps"] = med(system, "decode_tps")
+                row[f"{system}_prefill_tps"] = med(system, "prefill_tps")
+            hf = row["transformers_tps"]
+            for system in ("reference", "fast"):
+                row[f"{system}_vs_hf"] = None if not hf or row[f"{system}_tps"] is None else row[f"{system}_tps"] / hf
+                row[f"{system}_of_bound"] = None if row[f"{system}_decode_tps"] is None else row[f"{system}_decode_tps"] / bound
+                hfp = row["transformers_prefill_tps"]
+                row[f"{system}_prefill_vs_hf"] = None if not hfp else row[f"{system}_prefill_tps"] / hfp
+            # tokens identical to the reference path's (greedy: the same up to near-ties in bf16)
+            ref = {r["prompt"]: r["tokens"] for r in group if r["system"] == "reference"}
+            row["fast_same_tokens"] = sum(r["tokens"] == ref[r["prompt"]] for r in group if r["system"] == "fast")
+            row["prompts"] = len(ref)
+            rows.append(row)
+    return rows
+
+
+def summarise_speculative(records: list[dict]) -> list[dict]:
+    rows = []
+    keys = sorted({(r["dtype"], r["set"]) for r in records})
+    for dtype_name, set_name in keys:
+        group = [r for r in records if r["dtype"] == dtype_name and r["set"] == set_name]
+        plain = {r["prompt"]: r for r in group if r["system"] == "minispec" and r["drafter"] == "plain"}
+        hf_plain_tps = _median(r["tps"] for r in group if r["system"] == "transformers" and r["drafter"] == "plain")
+        configs = sorted({(r["system"], r["drafter"], r["gamma"] or 0) for r in group})
+        for system, drafter, gamma in configs:
+            sel = [r for r in group if (r["system"], r["drafter"], r["gamma"] or 0) == (system, drafter, gamma)]
+            tps = _median(r["tps"] for r in sel)
+            rows.append({
+                "dtype": dtype_name, "set": set_name, "system": system, "drafter": drafter, "gamma": gamma or None,
+                "tps": tps, "tau": _median(r["tau"] for r in sel),
+                "vs_our_plain": tps / _median(r["tps"] for r in plain.values()),
+                "vs_hf_plain": None if not hf_plain_tps else tps / hf_plain_tps,
+                "same_as_plain": sum(r["tokens"] == plain[r["prompt"]]["tokens"] for r in sel), "prompts": len(sel),
+            })
+        ours = [r for r in rows if r["dtype"] == dtype_name and r["set"] == set_name and r["system"] == "minispec"
+                and r["drafter"] != "plain"]
+        hf_pl = [r for r in rows if r["dtype"] == dtype_name and r["set"] == set_name and r["drafter"] == "prompt-lookup"]
+        if ours and hf_pl:
+            best, best_hf = max(ours, key=lambda r: r["tps"]), max(hf_pl, key=lambda r: r["tps"])
+            for r in rows:
+                if r["dtype"] == dtype_name and r["set"] == set_name:
+                    r["best_ours_vs_best_hf_prompt_lookup"] = best["tps"] / best_hf["tps"]
+    return rows
+
+
+def fmt(v, spec=".2f", suffix=""):
+    return "—" if v is None else f"{v:{spec}}{suffix}"
+
+
+def render(result: dict) -> str:
+    m, bw = result["meta"], result["bandwidth"]
+    lines = [f"# minispec speed benchmark", "",
+             f"`{m['command']}` — {m['machine']['cpu']}, {m['machine']['cores']} cores, torch {m['machine']['torch']}, "
+             f"transformers {m['machine']['transformers']}, {m['seconds']:.0f} s, load average at start {m['load_average']}.", "",
+             f"Streaming bandwidth (bf16 matrix-vector product, 256 MiB): F.linear {bw['f_linear_gbps']:.1f} GB/s, "
+             f"packed oneDNN {fmt(bw.get('packed_gbps'), '.1f')} GB/s; B = {bw['bandwidth_gbps']:.1f} GB/s.", "",
+             "## Plain greedy decoding", "",
+             f"{m['new_tokens']} new tokens (eos ignored), median over prompts. tok/s is end to end (prefill included); "
+             "'of bound' is decode-only tok/s over B / weights_bytes; prefill is one forward over the prompt.", "",
+             "| dtype | prompts | prompt len | transformers tok/s | before (reference) tok/s | after (fast) tok/s "
+             "| before / hf | after / hf | before of bound | after of bound | prefill after / hf | prefill before / hf "
+             "| after = before tokens |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["plain"]:
+        lines.append(f"| {r['dtype']} | {r['set']} | {fmt(r['prompt_tokens'], '.0f')} | {fmt(r['transformers_tps'], '.1f')} "
+                     f"| {fmt(r['reference_tps'], '.1f')} | {fmt(r['fast_tps'], '.1f')} | {fmt(r['reference_vs_hf'], '.2f', 'x')} "
+                     f"| **{fmt(r['fast_vs_hf'], '.2f', 'x')}** | {fmt(r['reference_of_bound'], '.0%')} "
+                     f"| **{fmt(r['fast_of_bound'], '.0%')}** | **{fmt(r['fast_prefill_vs_hf'], '.2f', 'x')}** "
+                     f"| {fmt(r['reference_prefill_vs_hf'], '.2f', 'x')} | {r['fast_same_tokens']}/{r['prompts']} |")
+    lines += ["", "## Speculative decoding, T=0, exact policy (fast path; stops at eos)", "",
+              "| dtype | prompts | system | drafter | gamma | tau | tok/s | vs our plain | vs transformers plain "
+              "| = plain greedy |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["speculative"]:
+        lines.append(f"| {r['dtype']} | {r['set']} | {r['system']} | {r['drafter']} | {fmt(r['gamma'], 'd')} "
+                     f"| {fmt(r['tau'])} | {fmt(r['tps'], '.1f')} | {fmt(r['vs_our_plain'], '.2f', 'x')} "
+                     f"| {fmt(r['vs_hf_plain'], '.2f', 'x')} | {r['same_as_plain']}/{r['prompts']} |")
+    best = {}
+    for r in result["speculative"]:
+        if "best_ours_vs_best_hf_prompt_lookup" in r:
+            best[(r["dtype"], r["set"])] = r["best_ours_vs_best_hf_prompt_lookup"]
+    if best:
+        lines += ["", "Best minispec speculative config / best transformers prompt-lookup config (tok/s): "
+                  + "; ".join(f"{d} {s}: **{v:.2f}x**" for (d, s), v in best.items())]
+    lines += ["", "## DropMatch (K=5, p=0.3): extra LM-head rows as a share of a verify step", "",
+              "| dtype | kernels | gamma | verify ms | head ms | DropMatch head ms | extra / verify |", "|---|---|---|---|---|---|---|"]
+    for r in result["dropmatch"]:
+        lines.append(f"| {r['dtype']} | {r['kernels']} | {r['gamma']} | {r['verify_ms']:.1f} | {r['head_ms']:.2f} "
+                     f"| {r['dropmatch_head_ms']:.2f} | **{r['extra_share_of_verify']:.1%}** |")
+    if result.get("memory"):
+        lines += ["", "## Peak memory of generation", "",
+                  "| dtype | kernels | draft | weights MB | KV MB | RSS rise after load MB | peak rise MB | peak / (weights + KV) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in result["memory"]:
+            lines.append(f"| {r['dtype']} | {r['kernels']} | {r['draft'] or '—'} | {r['weights_bytes'] / 1e6:.0f} "
+                         f"| {r['kv_bytes'] / 1e6:.1f} | {r['after_load_rise_bytes'] / 1e6:.0f} "
+                         f"| {r['peak_rise_bytes'] / 1e6:.0f} | **{r['ratio']:.2f}** |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from minispec.bench import _Parser, _one_int
+
+    p = _Parser(prog="python -m minispec.bench_speed", description=__doc__.splitlines()[0])
+    p.add_argument("--ckpt", type=Path, default=None, help="checkpoint folder (default: weights/smollm2-135m-instruct)")
+    p.add_argument("--out", type=Path, default=Path("out/bench-speed"))
+    p.add_argument("--prompts", type=_one_int("--prompts"), default=4, help="prompts per set (default 4)")
+    p.add_argument("--new-tokens", type=_one_int("--new-tokens"), default=64, help="plain decoding: new tokens (default 64)")
+    p.add_argument("--spec-tokens", type=_one_int("--spec-tokens"), default=128,
+                   help="speculative section: max new tokens (default 128, stops at eos)")
+    p.add_argument("--reps", type=_one_int("--reps"), default=1, help="runs per prompt and system (median)")
+    p.add_argument("--quick", action="store_true", help="2 prompts per set, 32 tokens, one gamma, no memory section")
+    p.add_argument("--no-transformers", dest="transformers", action="store_false")
+    p.add_argument("--no-memory", dest="memory", action="store_false")
+    p.add_argument("--data-dir", type=Path, default=None)
+    return p
+
+
+def run(args) -> dict:
+    import minispec
+    from minispec.bench import _load_average, default_data_dir, load_prompts, machine_info, load_transformers
+    from minispec.weights import ensure_default_checkpoint
+
+    t_start = time.perf_counter()
+    ckpt = args.ckpt or ensure_default_checkpoint()
+    tokenizer = minispec.load_tokenizer(ckpt)
+    n = 2 if args.quick else args.prompts
+    new_tokens = 32 if args.quick else args.new_tokens
+    spec_tokens = 48 if args.quick else args.spec_tokens
+    gammas = [5] if args.quick else [3, 5, 8]
+    data_dir = args.data_dir or default_data_dir()
+    chat = [tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t in SHORT_CHAT[:n]]
+    spec = {s: [p.ids for p in load_prompts([s], n, data_dir, tokenizer)] for s in ("summarization", "rag")}
+    plain_prompts = {"chat": chat, "summarization": spec["summarization"]}
+    eos = tokenizer.eos_token_ids
+    meta = {"command": "python -m minispec.bench_speed " + " ".join(sys.argv[1:]), "machine": machine_info(),
+            "load_average": _load_average(), "new_tokens": new_tokens, "spec_tokens": spec_tokens, "gammas": gammas}
+    print(f"bench_speed: {n} prompts per set; bandwidth ...", file=sys.stderr)
+    bandwidth = measure_bandwidth()
+    plain, speculative, dropmatch, wbytes = [], [], [], {}
+    for dtype_name in DTYPES:
+        dtype = getattr(torch, dtype_name)
+        print(f"bench_speed: plain decoding, {dtype_name} ...", file=sys.stderr)
+        systems = load_systems(ckpt, dtype, args.transformers)
+        wbytes[dtype_name] = weights_bytes(systems["reference"])
+        plain += [{"dtype": dtype_name, **r} for r in bench_plain(systems, plain_prompts, new_tokens, args.reps)]
+        hf = systems.get("transformers")
+        del systems
+        print(f"bench_speed: speculative, {dtype_name} ...", file=sys.stderr)
+        speculative += [{"dtype": dtype_name, **r}
+                        for r in bench_speculative(ckpt, dtype, spec, gammas, spec_tokens, eos, hf)]
+        del hf
+        print(f"bench_speed: DropMatch overhead, {dtype_name} ...", file=sys.stderr)
+        dropmatch += [{"dtype": dtype_name, **r} for r in dropmatch_overhead(ckpt, dtype, spec["rag"][0], 20)]
+    memory = []
+    if args.memory and not args.quick:
+        print("bench_speed: memory ...", file=sys.stderr)
+        memory = measure_memory(ckpt, spec["summarization"][0], new_tokens)
+    meta["seconds"] = time.perf_counter() - t_start
+    return {"meta": meta, "bandwidth": bandwidth, "weights_bytes": wbytes,
+            "plain": summarise_plain(plain, wbytes, bandwidth["bandwidth_gbps"] * 1e9),
+            "speculative": summarise_speculative(speculative), "dropmatch": dropmatch, "memory": memory,
+            "records": {"plain": plain, "speculative": speculative}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args)
+    except MinispecError as error:
+        print(f"minispec.bench_speed: error: {error}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speed.json").write_text(json.dumps(result, indent=1))
+    text = render(result)
+    (args.out / "speed.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
