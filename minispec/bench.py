@@ -541,6 +541,7 @@ def _md_header(meta: dict) -> str:
     return (f"# minispec benchmark\n\n`{meta['command']}`\n\n"
             f"{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads; torch {m['torch']}, transformers "
             f"{m['transformers'] or '–'}, python {m['python']}. Checkpoint {meta['checkpoint']}, dtype {meta['dtype']}, "
+            f"kernels {meta.get('args', {}).get('kernels', 'reference')}, "
             f"{meta['max_new_tokens']} new tokens max, {meta['prompts_per_set']} prompts per set, seed {meta['seed']}. "
             f"Started {meta['started']}, wall time {meta['wall_seconds']:.0f} s, load average {meta['load_start']} at "
             f"start and {meta['load_end']} at end (1, 5, 15 min; on a busy machine the timings are noisy).\n")
@@ -684,6 +685,12 @@ def load_runtime(args: BenchArgs, ckpt: Path) -> Runtime:
     model = minispec.load_model(ckpt, dtype=dtype)
     model_fp32 = model if dtype == torch.float32 else minispec.load_model(ckpt)
     rt = Runtime(model, model_fp32, minispec.load_tokenizer(ckpt), make_drafters(args.drafters, model))
+    if args.kernels == "fast":  # after the drafters: a self-draft copies the loaded weights
+        from minispec import fast
+
+        fast.optimize(model)
+        for drafter in rt.drafters.values():
+            fast.optimize_drafter(drafter)
     if args.transformers:
         rt.hf_model = load_transformers(ckpt, dtype)
     return rt
@@ -879,6 +886,7 @@ class BenchArgs:
     threads: int | None
     timing_reps: int
     command: str  # the exact command line, for the record
+    kernels: str = "fast"  # "fast" (minispec.fast) or "reference" (model.py as written)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -1004,6 +1012,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout-p", type=_probability("--dropout-p"), default=0.3, help="DropMatch p, 0 <= p < 1 (paper: 0.3)")
     p.add_argument("--paths", type=_one_int("--paths"), default=5, help="DropMatch K (paper: 5)")
     p.add_argument("--threads", type=_one_int("--threads"), default=None, help="torch threads (default: torch's)")
+    p.add_argument("--kernels", choices=["fast", "reference"], default="fast",
+                   help="fast: minispec.fast's packed weights (default); reference: model.py as written")
     p.add_argument("--timing-reps", type=_one_int("--timing-reps"), default=None,
                    help="repetitions of the DropMatch head-overhead timing (default 30, quick 10)")
     return p
@@ -1022,7 +1032,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
         policies=ns.policies, drafters=tuple(pick("drafters")), gammas=tuple(pick("gammas")),
         temperatures=tuple(sorted(pick("temperatures"))),  # 0 first: its plain run is the greedy reference
         transformers=ns.transformers, seed=ns.seed, dropout_p=ns.dropout_p, paths=ns.paths, threads=ns.threads,
-        timing_reps=ns.timing_reps or (10 if ns.quick else 30),
+        timing_reps=ns.timing_reps or (10 if ns.quick else 30), kernels=ns.kernels,
         command=" ".join(["python -m", PROG] + [shlex.quote(a) for a in argv]),
     )
 

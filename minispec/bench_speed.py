@@ -135,11 +135,15 @@ def plain_run(name: str, model, ids: list[int], new_tokens: int, eos: list[int])
 
 
 def prefill_seconds(name: str, model, ids: list[int], reps: int) -> float:
+    """Median seconds to feed the prompt into a fresh cache and get the last position's logits,
+    as each system's generate does it (transformers: logits_to_keep=1; ours: speculative._prefill)."""
+    from minispec.speculative import _prefill
+
     x = torch.tensor([ids])
     if name == "transformers":
-        fn = lambda: model(x, use_cache=True)  # noqa: E731  (what generate's first step does)
+        fn = lambda: model(x, use_cache=True, logits_to_keep=1)  # noqa: E731
     else:
-        fn = lambda: model(x, model.new_cache(1, len(ids)))  # noqa: E731
+        fn = lambda: _prefill(model, ids, model.new_cache(1, len(ids)))  # noqa: E731
     with torch.inference_mode():
         return _timed(fn, reps)
 

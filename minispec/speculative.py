@@ -85,11 +85,21 @@ def generate(
                         params, generator, eos, on_tokens)
 
 
+def _prefill(target, prompt: list[int], cache) -> torch.Tensor:
+    """Feed the prompt into the cache; the logits after its last token: [V].
+
+    Only the last row goes through the LM head: the other rows' logits are never used, and on
+    SmolLM2-135M the head is ~21% of the prefill's multiply-adds.
+    """
+    hidden = target.forward_hidden(torch.tensor([prompt], device=target.device), cache)  # [1, P, d]
+    return target.head(hidden[0, -1])
+
+
 def _plain(target, prompt, max_new_tokens, params, generator, eos, on_tokens) -> GenerationResult:
     """Plain autoregressive decoding: one target forward per token."""
     cache = target.new_cache(1, len(prompt) + max_new_tokens)
     t0 = time.perf_counter()
-    logits = target(torch.tensor([prompt], device=target.device), cache)[0, -1]  # [V]
+    logits = _prefill(target, prompt, cache)  # [V]
     t_prefill = time.perf_counter() - t0
     tokens: list[int] = []
     while True:
@@ -120,7 +130,7 @@ def _speculative(target, drafter, policy, gamma, prompt, max_new_tokens, params,
 
     # Prefill: score the prompt; its last row gives the first new token, exactly as in plain decoding.
     t0 = time.perf_counter()
-    logits = target(torch.tensor([prompt], device=target.device), cache)[0, -1]  # [V]
+    logits = _prefill(target, prompt, cache)  # [V]
     t_prefill = time.perf_counter() - t0
     tokens = [next_token(logits, params, generator)]
     if on_tokens is not None:
