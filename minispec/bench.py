@@ -944,7 +944,7 @@ def _expand_policy(name: str) -> tuple[str, ...] | None:
 def _expand_drafter(name: str) -> tuple[str, ...] | None:
     """Syntax only; the model checks the range of early-exit:N once loaded (see `make_drafters`)."""
     kind, _, arg = name.partition(":")
-    ok = (kind == "ngram" and (not arg or arg.isdigit() and int(arg) >= 1)) or name == "self:bf16" or (
+    ok = (kind == "ngram" and (not arg or arg.isdigit() and int(arg) >= 1)) or name in ("self:bf16", "self:int8") or (
         kind == "early-exit" and arg.isdigit() and int(arg) >= 1)
     return (name,) if ok else None
 
@@ -1001,7 +1001,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "exact, sampling, typical, dropmatch (= its criteria js_or_majority, majority, "
                                    f"naive) or dropmatch:CRITERION with CRITERION in {list(CRITERIA)}"),
                    help="comma-separated (default: %(default)s); plain decoding always runs")
-    p.add_argument("--drafters", type=_name_list("--drafters", _expand_drafter, "ngram, ngram:N, early-exit:N, self:bf16"),
+    p.add_argument("--drafters", type=_name_list("--drafters", _expand_drafter, "ngram, ngram:N, early-exit:N, self:bf16, self:int8"),
                    default=None, help="default ngram,self:bf16 (quick: the same); add early-exit:N to include early exit")
     p.add_argument("--gammas", type=_number_list(int, "--gammas", 1), default=None, help="default 3,5,8 (quick 5)")
     p.add_argument("--temperatures", type=_number_list(float, "--temperatures", 0), default=None,

@@ -15,7 +15,7 @@ as ratios against baselines from the same run (medians over prompts):
    decode-only tokens/s and its fraction of the bound, and prefill tokens/s (one forward over the
    prompt).
 3. Speculative decoding at temperature 0 with the exact policy on Spec-Bench summarization and RAG
-   prompts (stops at eos): n-gram prompt lookup and the bf16 self-draft at several gamma, against
+   prompts (stops at eos): n-gram prompt lookup and the bf16 / int8 self-drafts at several gamma, against
    our own plain decoding (same dtype, fast path) and transformers' plain and prompt-lookup
    generation. Outputs are checked to equal plain greedy decoding's.
 4. DropMatch (K=5, p=0.3): the extra LM-head rows as a share of a verify step at gamma 5.
@@ -181,6 +181,7 @@ def bench_speculative(ckpt: Path, dtype: torch.dtype, prompts: dict[str, list[li
     drafters = {"ngram": make_drafter("ngram", model)}
     if dtype == torch.float32:
         drafters["self:bf16"] = make_drafter("self:bf16", model)  # before optimize: it copies the weights
+    drafters["self:int8"] = make_drafter("self:int8", model)
     fast.optimize(model)
     for drafter in drafters.values():
         fast.optimize_drafter(drafter)
@@ -249,9 +250,17 @@ def memory_child(ckpt: str, dtype_name: str, kernels: str, ids: list[int], new_t
     from minispec.drafters import make_drafter
     from minispec.speculative import generate
 
-    torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2))  # load the BLAS/oneDNN libraries first
+    from minispec.model import Transformer
+    from minispec.testing import tiny_config
+
+    # The baseline is the process after each code path ran once on something tiny: the BLAS and
+    # oneDNN libraries loaded, and torch's meta-device machinery (~70 MB the first time a model is
+    # built on the meta device, whatever its size) initialised.
+    torch.nn.functional.linear(torch.ones(2, 2), torch.ones(2, 2))
     torch.ops.mkldnn._linear_pointwise(torch.ones(2, 2), torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2), 1),
                                        None, "none", [], "")
+    with torch.device("meta"):
+        Transformer(tiny_config())
     base_kib = _rss_kib("VmRSS")
     model = minispec.load_model(ckpt, dtype=getattr(torch, dtype_name))
     w_bytes = weights_bytes(model)

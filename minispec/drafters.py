@@ -130,7 +130,9 @@ class NgramDrafter(Drafter):
 
 
 def self_draft(target: Transformer, precision: str) -> Transformer:
-    """A copy of the target at lower precision ("bf16"), the 'quantized self-draft'.
+    """A copy of the target at lower precision ("bf16" or "int8"), the 'quantized self-draft'.
+
+    int8: weight-only, symmetric per output row (minispec.fast.Int8Linear), bf16 activations.
 
     Needs the target as loaded (before minispec.fast.optimize, which repacks its weights);
     optimize the copy afterwards if wanted (minispec.fast.optimize_drafter).
@@ -140,14 +142,18 @@ def self_draft(target: Transformer, precision: str) -> Transformer:
                             "build the self-draft first, then optimize both")
     if precision in ("bf16", "bfloat16"):
         return copy.deepcopy(target).to(torch.bfloat16)
-    raise MinispecError(f"--draft self:{precision}: unknown precision; expected self:bf16")
+    if precision == "int8":  # weight-only int8 through minispec.fast (its int8 kernel needs packed layouts)
+        from minispec import fast
+
+        return fast.optimize(copy.deepcopy(target).to(torch.bfloat16), weights="int8")
+    raise MinispecError(f"--draft self:{precision}: unknown precision; expected self:bf16 or self:int8")
 
 
 def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, *, dtype=None) -> Drafter | None:
     """Build a drafter from a CLI-style spec, a model, or pass a drafter through.
 
     spec: None (plain decoding) | a Transformer | a Drafter | "ngram" | "ngram:N" | "early-exit:N" |
-          "self:bf16" | a checkpoint folder path.
+          "self:bf16" | "self:int8" | a checkpoint folder path.
     """
     vocab = target.config.vocab_size
     if spec is None or isinstance(spec, Drafter):
@@ -175,7 +181,7 @@ def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, 
         _check_vocab(draft.config.vocab_size, vocab, f"--draft {path}")
         return ModelDrafter(draft, name=path.name)
     raise MinispecError(
-        f"--draft = {text!r}: unknown drafter; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N' or 'self:bf16'"
+        f"--draft = {text!r}: unknown drafter; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8'"
     )
 
 

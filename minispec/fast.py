@@ -33,6 +33,8 @@ Usage:
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -72,6 +74,37 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Int8Linear(nn.Module):
+    """Weight-only int8: y = (x @ q^T) * s + b, for the int8 self-draft (drafters.self_draft).
+
+    Symmetric per output row: s[j] = max_i |W[j, i]| / 127, q = round(W / s) in [-127, 127].
+    Each weight is off by at most s[j] / 2 (~0.4% of its row's largest entry). Activations are
+    rounded to bfloat16 (PyTorch's CPU int8 weight kernel, torch._weight_int8pack_mm, is fast for
+    bf16 activations only). weight: [out, in] -> q int8 [out, in], s bf16 [out].
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        if self.in_features % 16:  # the bf16 kernel returns garbage otherwise (torch 2.13, unchecked there)
+            raise ValueError(f"minispec.fast.Int8Linear: in_features = {self.in_features}; expected a multiple of 16")
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # [out]
+        self.qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # [out, in]
+        self.scale = scale.to(torch.bfloat16)  # [out]
+        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [N, in]
+        y = torch._weight_int8pack_mm(rows, self.qweight, self.scale)  # [N, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+LINEAR_KINDS = {"packed": PackedLinear, "int8": Int8Linear}
+
+
 def _cat_bias(*linears: nn.Linear) -> torch.Tensor | None:
     if linears[0].bias is None:
         return None
@@ -96,26 +129,26 @@ class FastBlock(nn.Module):
     activation to bfloat16 (see `optimize`).
     """
 
-    def __init__(self, block: Block) -> None:
+    def __init__(self, block: Block, linear: type[nn.Module] = PackedLinear) -> None:
         super().__init__()
         attn, mlp = block.self_attn, block.mlp
         self.layer_idx = attn.layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.eps = block.input_layernorm.eps
-        f32 = lambda t: t.detach().float()  # noqa: E731
+        f32 = lambda t: t.detach().to(torch.float32, copy=True)  # noqa: E731  (own memory: see optimize)
         self.input_norm_weight = f32(block.input_layernorm.weight)  # [d]
         self.post_norm_weight = f32(block.post_attention_layernorm.weight)  # [d]
         self.q_norm_weight = None if attn.q_norm is None else f32(attn.q_norm.weight)  # [hd] (Qwen3)
         self.k_norm_weight = None if attn.k_norm is None else f32(attn.k_norm.weight)
-        self.qkv_proj = PackedLinear(
+        self.qkv_proj = linear(
             torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]),  # [(H+2Hkv)*hd, d]
             _cat_bias(attn.q_proj, attn.k_proj, attn.v_proj),
         )
-        self.o_proj = PackedLinear(attn.o_proj.weight, attn.o_proj.bias)
-        self.gate_up_proj = PackedLinear(
+        self.o_proj = linear(attn.o_proj.weight, attn.o_proj.bias)
+        self.gate_up_proj = linear(
             torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), _cat_bias(mlp.gate_proj, mlp.up_proj)
         )  # [2f, d]
-        self.down_proj = PackedLinear(mlp.down_proj.weight, mlp.down_proj.bias)
+        self.down_proj = linear(mlp.down_proj.weight, mlp.down_proj.bias)
 
     def attention(self, x, cos, sin, mask, cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -149,34 +182,87 @@ class FastFinalNorm(nn.Module):
 
     def __init__(self, norm: RMSNorm) -> None:
         super().__init__()
-        self.eps, self.weight = norm.eps, norm.weight.detach().float()
+        self.eps, self.weight = norm.eps, norm.weight.detach().to(torch.float32, copy=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x.float(), self.weight, self.eps)
 
 
-def optimize(model: Transformer) -> Transformer:
+def optimize(model: Transformer, weights: str = "packed") -> Transformer:
     """Rewrite `model` in place for fast CPU inference (see the module docstring); returns it.
 
-    Raises ValueError for a dtype oneDNN cannot pack (float64, float16) or a build without it.
-    Idempotent: optimizing an optimized model does nothing.
+    weights: "packed" (the model's own values, oneDNN layout) or "int8" (weight-only int8 with
+    bf16 activations into the matmuls: lossy, for a self-draft). Raises ValueError for a dtype
+    oneDNN cannot pack (float64, float16) or a build without it. Idempotent: optimizing an
+    optimized model does nothing.
     """
     if getattr(model, "optimized", False):
         return model
+    if weights not in LINEAR_KINDS:
+        raise ValueError(f"minispec.fast.optimize: weights = {weights!r}; expected one of {sorted(LINEAR_KINDS)}")
+    linear = LINEAR_KINDS[weights]
+    weights_dtype = model.dtype
     if model.dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"minispec.fast.optimize: dtype {model.dtype}; expected float32 or bfloat16")
     if model.device.type != "cpu" or not packed_kernels_available():
         raise ValueError("minispec.fast.optimize: needs a CPU torch build with oneDNN (torch.backends.mkldnn)")
     with torch.no_grad():
         for i, block in enumerate(model.layers):
-            model.layers[i] = FastBlock(block)
+            model.layers[i] = FastBlock(block, linear)
         model.norm = FastFinalNorm(model.norm)
         # A tied head keeps its dense copy in embed_tokens (the lookup table needs rows);
         # the packed copy costs vocab*d more memory. An untied head's dense weight is freed.
-        model.lm_head = PackedLinear(model.lm_head.weight, model.lm_head.bias)
+        model.lm_head = linear(model.lm_head.weight, model.lm_head.bias)
+        model.embed_tokens = _embedding(model)
+    model.weights_dtype = weights_dtype
     model.compute_dtype = torch.float32  # activations, RoPE, K/V cache (module docstring, point 4)
-    model.optimized = True
+    _release_freed_memory()
+    model.optimized = weights
     return model
+
+
+class MappedEmbedding(nn.Module):
+    """Embedding lookup from a table that may be a view of the memory-mapped checkpoint file.
+
+    table: [vocab, d], in the file's dtype. Only the rows looked up are ever read, so only their
+    pages become resident. Rows come out in the table's dtype; forward_hidden casts them to the
+    compute dtype (float32 on the fast path).
+    """
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = table  # a plain attribute, not a Parameter: it is read-only file data
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)  # [B, T] -> [B, T, d]
+
+
+def _embedding(model: Transformer) -> nn.Module:
+    """The embedding table for the fast path, without keeping a second resident copy of it.
+
+    A tied head has just been packed: its dense weight, the embedding table, is now needed only
+    for lookups. If the model came from a checkpoint, map the table from the file afresh: every
+    weight page the packing touched is released with the old tensors, and the lookups page in
+    only the rows they read (SmolLM2-135M fp32: 113 MB that would otherwise sit next to the
+    packed head). A float32 file gives float32 rows, which the fast path computes in anyway.
+    Otherwise keep a private copy (a view into the old file mapping would pin all its pages).
+    """
+    from minispec.checkpoint import map_tensor
+
+    dense = model.embed_tokens.weight
+    table = map_tensor(model.source, "embed_tokens.weight") if model.source is not None else None
+    if table is None or tuple(table.shape) != tuple(dense.shape):
+        return MappedEmbedding(dense.detach().clone())
+    return MappedEmbedding(table)
+
+
+def _release_freed_memory() -> None:
+    """Hand the packing's freed temporaries back to the OS (glibc keeps freed heap memory for
+    reuse otherwise: ~35-50 MB here). A no-op where there is no glibc."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def optimize_drafter(drafter) -> None:

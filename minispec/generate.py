@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--draft", default=None,
-                   help="drafter: a checkpoint folder, 'ngram[:N]', 'early-exit:N' or 'self:bf16' (default: plain decoding)")
+                   help="drafter: a checkpoint folder, 'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
     s.add_argument("--policy", default="exact", help="acceptance policy: exact, sampling, typical, dropmatch, or a registered name")
     s.add_argument("--gamma", type=_ranged(int, "--gamma", lo=1), default=5, help="draft length per verify step")
     s.add_argument("--dropout-p", type=_ranged(float, "--dropout-p", lo=0, hi=1, hi_open=True), default=0.3,

@@ -196,10 +196,13 @@ class Transformer(nn.Module):
         # dtype of activations, RoPE tables and the K/V cache; None = the weights' dtype.
         # minispec.fast sets float32 (bf16 weights, float32 arithmetic around the matmuls).
         self.compute_dtype: torch.dtype | None = None
+        self.weights_dtype: torch.dtype | None = None  # None: embed_tokens.weight's dtype
+        self.source = None  # the checkpoint folder, when loaded from one (checkpoint.load_model)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        """The weights' dtype (minispec.fast records it: its packed weights are opaque)."""
+        return self.weights_dtype or self.embed_tokens.weight.dtype
 
     @property
     def device(self) -> torch.device:

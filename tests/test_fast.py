@@ -63,3 +63,24 @@ def test_optimize_is_idempotent_and_self_draft_needs_the_unoptimized_target():
     assert fast.optimize(model) is model
     with pytest.raises(MinispecError, match="build the self-draft first"):
         self_draft(model, "bf16")
+
+
+def test_int8_linear_is_within_its_quantization_bound():
+    """|y_int8 - x W^T| <= sum|x| * s/2 (rounding W to the grid s) + bf16 rounding of s and y."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(40, 48, generator=gen)  # [out, in]
+    x = torch.randn(3, 48, generator=gen).to(torch.bfloat16).float()  # exactly representable in bf16
+    layer = fast.Int8Linear(weight, None)
+    got = layer(x).double()  # [3, 40]
+    want = x.double() @ weight.double().T
+    scale = weight.abs().amax(dim=1).double() / 127  # [40]
+    grid = x.abs().double().sum(-1, keepdim=True) * scale / 2  # [3, 40]
+    rounding = (want.abs() + grid) * 2 ** -7  # bf16 scale and output: 2^-9 + 2^-8 relative, rounded up
+    assert ((got - want).abs() <= grid + rounding).all()
+    assert layer.qweight.dtype == torch.int8 and layer.qweight.abs().max() == 127
+
+
+def test_int8_linear_refuses_widths_its_kernel_gets_wrong():
+    """torch._weight_int8pack_mm with bf16 input silently returns garbage unless in % 16 == 0."""
+    with pytest.raises(ValueError, match="in_features = 24; expected a multiple of 16"):
+        fast.Int8Linear(torch.randn(40, 24), None)

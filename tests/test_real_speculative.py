@@ -41,7 +41,7 @@ def test_exact_speculative_equals_plain_greedy(real_model, real_tokenizer, draft
     _check_speculative_equals_plain(real_model, real_tokenizer, draft)
 
 
-@pytest.mark.parametrize("draft", ["ngram", "self:bf16"])
+@pytest.mark.parametrize("draft", ["ngram", "self:bf16", "self:int8"])
 def test_exact_speculative_equals_plain_greedy_on_the_fast_path(real_model, real_tokenizer, draft):
     """minispec.fast: the target (and the self-draft copy, made before packing) optimized."""
     from minispec import fast

@@ -1,0 +1,62 @@
+"""minispec.bench_speed: the summaries on hand-made records, the flags, and the memory probe."""
+
+import subprocess
+import sys
+
+import pytest
+
+from minispec import bench_speed
+
+
+def _plain(system, prompt, tps, decode_tps, prefill_tps, tokens, dtype="float32", set_name="chat"):
+    return {"dtype": dtype, "set": set_name, "prompt": prompt, "system": system, "prompt_tokens": 30,
+            "new_tokens": len(tokens), "tokens": tokens, "tps": tps, "decode_tps": decode_tps, "prefill_tps": prefill_tps}
+
+
+def test_summarise_plain_takes_ratios_of_medians_and_the_bound():
+    records = [
+        _plain("transformers", 0, 10.0, None, 100.0, [1, 2]), _plain("transformers", 1, 20.0, None, 300.0, [3, 4]),
+        _plain("reference", 0, 11.0, 12.0, 100.0, [1, 2]), _plain("reference", 1, 21.0, 22.0, 300.0, [3, 4]),
+        _plain("fast", 0, 20.0, 24.0, 200.0, [1, 2]), _plain("fast", 1, 40.0, 44.0, 400.0, [3, 5]),
+    ]
+    [row] = bench_speed.summarise_plain(records, {"float32": 1000}, bandwidth=68_000.0)  # bound: 68 tok/s
+    assert row["transformers_tps"] == 15.0 and row["fast_tps"] == 30.0
+    assert row["fast_vs_hf"] == pytest.approx(2.0)
+    assert row["fast_of_bound"] == pytest.approx(34.0 / 68.0)
+    assert row["fast_prefill_vs_hf"] == pytest.approx(300.0 / 200.0)
+    assert (row["fast_same_tokens"], row["prompts"]) == (1, 2)  # prompt 1 differs in its last token
+    assert "| float32 | chat |" in bench_speed.render({
+        "meta": {"command": "x", "machine": {"cpu": "c", "cores": 2, "torch": "t", "transformers": "h"}, "seconds": 1,
+                 "load_average": "0", "new_tokens": 2},
+        "bandwidth": {"f_linear_gbps": 10.0, "packed_gbps": 20.0, "bandwidth_gbps": 20.0},
+        "plain": [row], "speculative": [], "dropmatch": [], "memory": []})
+
+
+def test_summarise_speculative_compares_with_our_plain_and_the_best_prompt_lookup():
+    def rec(system, drafter, gamma, prompt, tps, tokens):
+        return {"dtype": "bfloat16", "set": "rag", "prompt": prompt, "system": system, "drafter": drafter,
+                "gamma": gamma, "prompt_tokens": 700, "new_tokens": len(tokens), "tokens": tokens, "tps": tps, "tau": None}
+
+    records = [rec("minispec", "plain", None, 0, 10.0, [1]), rec("minispec", "ngram", 5, 0, 18.0, [1]),
+               rec("transformers", "plain", None, 0, 5.0, [1]), rec("transformers", "prompt-lookup", 5, 0, 6.0, [1]),
+               rec("transformers", "prompt-lookup", 3, 0, 9.0, [2])]
+    rows = {(r["system"], r["drafter"], r["gamma"]): r for r in bench_speed.summarise_speculative(records)}
+    assert rows[("minispec", "ngram", 5)]["vs_our_plain"] == pytest.approx(1.8)
+    assert rows[("minispec", "ngram", 5)]["best_ours_vs_best_hf_prompt_lookup"] == pytest.approx(2.0)
+    assert rows[("transformers", "prompt-lookup", 3)]["same_as_plain"] == 0
+
+
+def test_bad_flag_is_one_line_and_exit_2():
+    out = subprocess.run([sys.executable, "-m", "minispec.bench_speed", "--prompts", "0"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "--prompts" in out.stderr
+
+
+def test_weights_bytes_counts_a_tied_head_once():
+    from minispec.testing import random_model, tiny_config
+    import torch
+
+    tied = random_model(tiny_config(tie_word_embeddings=True), 0, dtype=torch.float32)
+    untied = random_model(tiny_config(tie_word_embeddings=False), 0, dtype=torch.float32)
+    head_bytes = untied.lm_head.weight.numel() * 4
+    assert bench_speed.weights_bytes(untied) - bench_speed.weights_bytes(tied) == head_bytes
