@@ -81,7 +81,12 @@ class Int8Linear(nn.Module):
     Each weight is off by at most s[j] / 2 (~0.4% of its row's largest entry). Activations are
     rounded to bfloat16 (PyTorch's CPU int8 weight kernel, torch._weight_int8pack_mm, is fast for
     bf16 activations only). weight: [out, in] -> q int8 [out, in], s bf16 [out].
+
+    That kernel is a few-rows kernel: for a 700-token prefill it is 2x slower than a bf16 GEMM,
+    so above `max_kernel_rows` rows the weight is dequantized (q * s, rounded to bf16) first.
     """
+
+    max_kernel_rows = 32
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -96,7 +101,10 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [N, in]
-        y = torch._weight_int8pack_mm(rows, self.qweight, self.scale)  # [N, out]
+        if rows.shape[0] <= self.max_kernel_rows:
+            y = torch._weight_int8pack_mm(rows, self.qweight, self.scale)  # [N, out]
+        else:  # a prefill: the int8 kernel is built for a few rows; dequantize and use a bf16 GEMM
+            y = F.linear(rows, self.qweight.to(torch.bfloat16) * self.scale[:, None])  # [N, out]
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)

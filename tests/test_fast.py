@@ -65,17 +65,19 @@ def test_optimize_is_idempotent_and_self_draft_needs_the_unoptimized_target():
         self_draft(model, "bf16")
 
 
-def test_int8_linear_is_within_its_quantization_bound():
-    """|y_int8 - x W^T| <= sum|x| * s/2 (rounding W to the grid s) + bf16 rounding of s and y."""
+@pytest.mark.parametrize("rows", [3, 40])  # the int8 kernel (<= 32 rows) and the dequantized GEMM
+def test_int8_linear_is_within_its_quantization_bound(rows):
+    """|y_int8 - x W^T| <= sum|x| * s/2 (rounding W to the grid s) + bf16 rounding of s, q*s and y."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(40, 48, generator=gen)  # [out, in]
-    x = torch.randn(3, 48, generator=gen).to(torch.bfloat16).float()  # exactly representable in bf16
+    x = torch.randn(rows, 48, generator=gen).to(torch.bfloat16).float()  # exactly representable in bf16
     layer = fast.Int8Linear(weight, None)
-    got = layer(x).double()  # [3, 40]
+    got = layer(x).double()  # [rows, 40]
     want = x.double() @ weight.double().T
     scale = weight.abs().amax(dim=1).double() / 127  # [40]
-    grid = x.abs().double().sum(-1, keepdim=True) * scale / 2  # [3, 40]
-    rounding = (want.abs() + grid) * 2 ** -7  # bf16 scale and output: 2^-9 + 2^-8 relative, rounded up
+    grid = x.abs().double().sum(-1, keepdim=True) * scale / 2  # [rows, 40]
+    magnitude = x.abs().double() @ weight.abs().double().T  # [rows, 40]: sum |x_i| |W_ji|
+    rounding = (magnitude + want.abs() + grid) * 2 ** -7  # bf16 (2^-9 per rounding), with room
     assert ((got - want).abs() <= grid + rounding).all()
     assert layer.qweight.dtype == torch.int8 and layer.qweight.abs().max() == 127
 
