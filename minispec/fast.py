@@ -1,30 +1,40 @@
 """The fast path: the same Transformer with CPU-friendly weights, as a load-time rewrite.
 
-`model.py` is the model people read. This module rewrites a loaded model in place so that a
-decode step costs close to what streaming its weights from memory costs, and computes the same
-function (up to float rounding; the equivalence tests run on both paths):
+`model.py` is the model people read. `optimize(model)` rewrites a loaded model in place so that
+a decode step costs close to what streaming its weights from memory costs, and computes the same
+function (float32: up to summation order, checked against the reference and transformers by the
+same tests; bfloat16: more precisely than the reference path, see 3). Each change below came
+from a profile of a decode step on the 2-core AMD EPYC this was built on (docs/benchmarks.md
+has the numbers and `python -m minispec.bench_speed` re-measures them):
 
-1. Packed weights. On CPU, `F.linear` with 1-9 input rows (decode, verify) goes to a BLAS
-   matrix-vector or skinny-matrix kernel that, on the AMD machine this was tuned on, streams
-   fp32 weights at ~11 GB/s and drops to ~6 GB/s for 5 rows. oneDNN's inner-product primitive,
-   given a weight reordered once into its own blocked layout, streams 25-30 GB/s for 1-9 rows in
-   fp32 and bf16 (`python -m minispec.bench --kernels` prints the table). `PackedLinear` holds
-   that reordered weight and calls the primitive.
-2. Fused projections. q, k and v read the same input: one [d -> (H + 2*H_kv)*hd] matmul replaces
-   three; gate and up likewise become one [d -> 2f] matmul. Fewer, larger kernels; fewer
-   Python-level calls per token.
-3. One RoPE call for q and k together (they are adjacent in the fused output), and
-   `F.rms_norm` (one fused kernel) for the norms.
-4. Attention in float32 for a bf16 model: the K/V cache is float32 (twice the bytes, still small
-   next to the weights) because CPU SDPA in bf16 with one query is 7-10x slower than in fp32.
-   K and V are therefore not rounded to bf16 as the reference path rounds them: slightly more
-   precise, not bit-identical to the reference bf16 model.
+1. Packed weights (`PackedLinear`). The reference decode step spent 87% of its time in aten::mm:
+   F.linear with 1-9 rows goes to a BLAS matrix-vector kernel that streams fp32 weights at
+   ~11 GB/s here, and ~6 GB/s with 5-9 rows (a verify pass). oneDNN's inner product, given each
+   weight reordered once into its own blocked layout, streams ~18-30 GB/s for 1-9 rows.
+2. Fused projections (`FastBlock`): q, k and v read the same input, so one [d -> (H+2H_kv)*hd]
+   matmul replaces three; gate and up become one [d -> 2f]. A packed matmul has ~14 us of fixed
+   cost per call; this takes a step from 211 calls to 121.
+3. float32 activations around the matmuls: the residual stream, the norms, RoPE, the K/V cache
+   and attention are float32 even for bf16 weights; only matmul inputs are rounded to bf16. Why:
+   CPU SDPA in bf16 with one query is 7-10x slower than in fp32 (0.1 ms vs 14 us per layer at
+   130 keys, 0.9 ms vs 85 us at 1200). As a side effect a bf16 model computes closer to its
+   float32 original than the reference bf16 path (max |logit error| 0.41 vs 1.06 on a test prompt).
+4. The prefill from position 0 uses SDPA's is_causal path (8.1 -> 6.4 ms per layer at 700
+   tokens); the norms are written out (12 us for one 576-vector; F.rms_norm's CPU fallback took
+   20 us and more).
+5. Memory. A tied LM head is packed into a second copy (vocab x d), so the embedding table would
+   be resident twice; `MappedEmbedding` reads rows from the checkpoint file through a fresh memory
+   map instead, so only rows of tokens actually seen are paged in. Freed packing temporaries
+   are handed back to the OS.
 
-What stays the same: parameter values (repacked, not retrained), the KVCache, the RoPE angles,
-the attention call, `forward_hidden`/`head`/`forward` signatures. What changes: the weights are
-no longer `nn.Parameter`s of the HF names (the model cannot be saved or trained after `optimize`),
-and float64 is not supported (oneDNN has no float64 kernels; the exactness properties run on the
-reference path).
+`optimize(model, weights="int8")` is the int8 self-draft's variant (`Int8Linear`: weight-only
+int8, lossy; see drafters.self_draft).
+
+What stays the same: parameter values (repacked), the KVCache, RoPE angles, the
+`forward_hidden` / `head` / `forward` signatures. What changes: the weights are no longer
+`nn.Parameter`s under the HF names (the model cannot be saved, trained or `.to()`-converted after
+`optimize`), and float64 is not supported (oneDNN has no float64 kernels; the float64 exactness
+properties run on the reference path).
 
 Usage:
     model = minispec.load_model(path, dtype=torch.bfloat16)
