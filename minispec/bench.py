@@ -75,7 +75,7 @@ from typing import Callable, Iterable
 import torch
 
 from minispec import acceptance
-from minispec.acceptance.dropmatch import CRITERIA
+from minispec.acceptance.dropmatch import CRITERIA, DropoutPaths
 from minispec.errors import MinispecError
 from minispec.sampling import greedy_token
 
@@ -215,7 +215,9 @@ def build_configs(args: BenchArgs, with_transformers: bool) -> list[Config]:
 
 def make_policy(config: Config, args: BenchArgs) -> acceptance.AcceptancePolicy:
     if config.policy == "dropmatch":
-        return acceptance.get("dropmatch", p=args.dropout_p, paths=args.paths, criterion=config.criterion, seed=args.seed)
+        # lazy=False: every position's paths, so the loop reports heads_all_agree (same decisions)
+        return acceptance.get("dropmatch", p=args.dropout_p, paths=args.paths, criterion=config.criterion, seed=args.seed,
+                              lazy=False)
     return acceptance.get(config.policy)
 
 
@@ -359,6 +361,7 @@ def head_agreement(policy, hidden: torch.Tensor, head, chunk: int = 32) -> dict:
     all_agree, histogram = 0, [0] * policy.paths
     for start in range(0, hidden.shape[0], chunk):
         clean, paths = policy.head_logits(hidden[start:start + chunk], head)  # [n, V], [K, n, V]
+        paths = paths.all() if isinstance(paths, DropoutPaths) else paths  # lazy: every position now
         clean_tokens, head_tokens = greedy_token(clean), greedy_token(paths)  # [n], [K, n]
         all_agree += int((head_tokens == clean_tokens).all(dim=0).sum())
         ordered = head_tokens.sort(dim=0).values  # [K, n]

@@ -18,7 +18,12 @@ as ratios against baselines from the same run (medians over prompts):
    prompts (stops at eos): n-gram prompt lookup and the bf16 / int8 self-drafts at several gamma, against
    our own plain decoding (same dtype, fast path) and transformers' plain and prompt-lookup
    generation. Outputs are checked to equal plain greedy decoding's.
-4. DropMatch (K=5, p=0.3): the extra LM-head rows as a share of a verify step at gamma 5.
+4. DropMatch (K=5, p=0.3): its extra cost as a share of a verify step. (a) Eager (all paths in the
+   verify's head call): head(h) vs policy.head_logits(h, head) on (gamma+1)-row hidden states.
+   (b) In real loops, eager and lazy (paths only where a verdict needs them): an exact-policy
+   n-gram run records every verify step's LM-head input and policy input; each step is then
+   replayed through exact (head + decide) and through DropMatch (head_logits + decide), and the
+   extra time, summed over all steps, is divided by the run's own verify time (forward + head).
 5. Peak memory of generation (a fresh subprocess per configuration): the rise of the peak
    resident set size over the process's size before the model was loaded, against
    weights_bytes + kv_cache_bytes.
@@ -39,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from minispec.acceptance import ExactMatch
 from minispec.errors import MinispecError
 
 SHORT_CHAT = [
@@ -228,11 +234,81 @@ def dropmatch_overhead(ckpt: Path, dtype: torch.dtype, ids: list[int], reps: int
         model = minispec.load_model(ckpt, dtype=dtype)
         if kernels == "fast":
             fast.optimize(model)
-        policy = acceptance.get("dropmatch", p=0.3, paths=5)
+        policy = acceptance.get("dropmatch", p=0.3, paths=5, lazy=False)  # all paths in the head call
         with torch.inference_mode():
             for gamma in (3, 5, 8):
                 rows.append({"kernels": kernels, **measure_head_overhead(model, ids, gamma, policy, reps)})
     return rows
+
+
+class _RecordingExact(ExactMatch):
+    """The exact policy, recording each verify step's LM-head input and policy input (for replay)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[torch.Tensor, object]] = []  # (hidden [g+1, d], VerifyInput)
+
+    def head_logits(self, hidden, head):
+        self._hidden = hidden.clone()
+        return super().head_logits(hidden, head)
+
+    def decide(self, inp):
+        self.steps.append((self._hidden, inp))
+        return super().decide(inp)
+
+
+def dropmatch_loop_overhead(model, prompts: list[list[int]], gamma: int, max_new_tokens: int, eos: list[int],
+                            reps: int = 3) -> dict:
+    """DropMatch's extra time per verify step in real n-gram loops, eager and lazy (module docstring, 4b).
+
+    Per recorded step, the median over `reps` of: exact = head(h) + ExactMatch()(inp);
+    DropMatch = head_logits(h, head) + decide, on the same step. Totals over all steps of all
+    prompts; share = (DropMatch - exact) / the runs' verify seconds (forward + head).
+    """
+    from minispec import acceptance
+    from minispec.acceptance import VerifyInput
+    from minispec.speculative import generate
+
+    totals = {"exact": 0.0, "eager": 0.0, "lazy": 0.0}
+    verify_seconds, steps, path_positions = 0.0, 0, 0
+    exact = acceptance.get("exact")
+    with torch.inference_mode():
+        for ids in prompts:
+            recorder = _RecordingExact()
+            out = generate(model, ids, max_new_tokens=max_new_tokens, draft="ngram", policy=recorder, gamma=gamma,
+                           eos_token_ids=eos)
+            verify_seconds += out.stats["verify_seconds"]
+            steps += len(recorder.steps)
+            for step, (hidden, inp) in enumerate(recorder.steps):
+                def run_exact(hidden=hidden, inp=inp):
+                    exact(VerifyInput(inp.draft_tokens, inp.q_draft, model.head(hidden).float(), inp.p_target,
+                                      inp.params, inp.generator, inp.draft_logits))
+
+                def run_dropmatch(lazy: bool, hidden=hidden, inp=inp, step=step):
+                    policy = acceptance.get("dropmatch", p=0.3, paths=5, seed=step, lazy=lazy)
+                    clean, extras = policy.head_logits(hidden, model.head)
+                    decision = policy(VerifyInput(inp.draft_tokens, inp.q_draft, clean.float(), inp.p_target,
+                                                  inp.params, inp.generator, inp.draft_logits, extras))
+                    return decision.info.get("path_positions", 0)
+
+                runs = {"exact": run_exact, "eager": lambda: run_dropmatch(False), "lazy": lambda: run_dropmatch(True)}
+                samples = {name: [] for name in runs}
+                for _ in range(reps):  # interleaved
+                    for name, fn in runs.items():
+                        t0 = time.perf_counter()
+                        result = fn()
+                        samples[name].append(time.perf_counter() - t0)
+                        if name == "lazy":
+                            positions = result
+                path_positions += positions
+                for name, values in samples.items():
+                    totals[name] += statistics.median(values)
+    return {"drafter": "ngram", "gamma": gamma, "prompts": len(prompts), "steps": steps,
+            "verify_ms_per_step": 1e3 * verify_seconds / steps,
+            "eager_extra_ms_per_step": 1e3 * (totals["eager"] - totals["exact"]) / steps,
+            "lazy_extra_ms_per_step": 1e3 * (totals["lazy"] - totals["exact"]) / steps,
+            "eager_share": (totals["eager"] - totals["exact"]) / verify_seconds,
+            "lazy_share": (totals["lazy"] - totals["exact"]) / verify_seconds,
+            "path_positions_per_step": path_positions / steps}
 
 
 # ------------------------------------------------------------------------------------- memory
@@ -412,11 +488,28 @@ def render(result: dict) -> str:
     if best:
         lines += ["", "Best minispec speculative config / best transformers prompt-lookup config (tok/s): "
                   + "; ".join(f"{d} {s}: **{v:.2f}x**" for (d, s), v in best.items())]
-    lines += ["", "## DropMatch (K=5, p=0.3): extra LM-head rows as a share of a verify step", "",
-              "| dtype | kernels | gamma | verify ms | head ms | DropMatch head ms | extra / verify |", "|---|---|---|---|---|---|---|"]
-    for r in result["dropmatch"]:
-        lines.append(f"| {r['dtype']} | {r['kernels']} | {r['gamma']} | {r['verify_ms']:.1f} | {r['head_ms']:.2f} "
-                     f"| {r['dropmatch_head_ms']:.2f} | **{r['extra_share_of_verify']:.1%}** |")
+    if result["dropmatch"]:
+        lines += ["", "## DropMatch (K=5, p=0.3), eager: extra LM-head rows as a share of a verify step", "",
+                  "The head call alone (head(h) vs policy.head_logits(h, head) with lazy=False); the JS test and "
+                  "the vote are not in these figures (they are in the next table).", "",
+                  "| dtype | kernels | gamma | verify ms | head ms | DropMatch head ms | extra / verify |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in result["dropmatch"]:
+            lines.append(f"| {r['dtype']} | {r['kernels']} | {r['gamma']} | {r['verify_ms']:.1f} | {r['head_ms']:.2f} "
+                         f"| {r['dropmatch_head_ms']:.2f} | **{r['extra_share_of_verify']:.1%}** |")
+    if result.get("dropmatch_loop"):
+        lines += ["", "## DropMatch (K=5, p=0.3) in real loops: eager vs lazy, everything the policy adds", "",
+                  "Every verify step of exact-policy n-gram runs on the RAG prompts (T = 0), replayed through exact "
+                  "(head + decide) and DropMatch (head_logits + decide); extra time summed over all steps, divided "
+                  "by the runs' own verify time (forward + head).", "",
+                  "| dtype | kernels | gamma | prompts | steps | verify ms/step | eager extra ms/step | lazy extra ms/step "
+                  "| positions with paths/step | eager extra / verify | lazy extra / verify |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in result["dropmatch_loop"]:
+            lines.append(f"| {r['dtype']} | {r['kernels']} | {r['gamma']} | {r['prompts']} | {r['steps']} "
+                         f"| {r['verify_ms_per_step']:.1f} | {r['eager_extra_ms_per_step']:.2f} "
+                         f"| {r['lazy_extra_ms_per_step']:.2f} | {r['path_positions_per_step']:.2f} "
+                         f"| {r['eager_share']:.1%} | **{r['lazy_share']:.1%}** |")
     if result.get("memory"):
         lines += ["", "## Peak memory of generation", "",
                   "| dtype | kernels | draft | weights MB | KV MB | RSS rise after load MB | peak rise MB | peak / (weights + KV) |",
@@ -446,11 +539,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--no-memory", dest="memory", action="store_false")
     p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--sections", type=_sections, default=SECTIONS,
+                   help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     return p
+
+
+SECTIONS = ("plain", "speculative", "dropmatch", "memory")
+
+
+def _sections(text: str) -> tuple[str, ...]:
+    chosen = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [t for t in chosen if t not in SECTIONS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"--sections = {text!r}; expected a comma-separated subset of {','.join(SECTIONS)}")
+    return chosen
 
 
 def run(args) -> dict:
     import minispec
+    from minispec import fast
     from minispec.bench import _load_average, default_data_dir, load_prompts, machine_info, load_transformers
     from minispec.weights import ensure_default_checkpoint
 
@@ -470,29 +577,41 @@ def run(args) -> dict:
             "load_average": _load_average(), "new_tokens": new_tokens, "spec_tokens": spec_tokens, "gammas": gammas}
     print(f"bench_speed: {n} prompts per set; bandwidth ...", file=sys.stderr)
     bandwidth = measure_bandwidth()
-    plain, speculative, dropmatch, wbytes = [], [], [], {}
+    plain, speculative, dropmatch, dropmatch_loop, wbytes = [], [], [], [], {}
+    sections = args.sections
     for dtype_name in DTYPES:
         dtype = getattr(torch, dtype_name)
-        print(f"bench_speed: plain decoding, {dtype_name} ...", file=sys.stderr)
-        systems = load_systems(ckpt, dtype, args.transformers)
-        wbytes[dtype_name] = weights_bytes(systems["reference"])
-        plain += [{"dtype": dtype_name, **r} for r in bench_plain(systems, plain_prompts, new_tokens, args.reps)]
-        hf = systems.get("transformers")
-        del systems
-        print(f"bench_speed: speculative, {dtype_name} ...", file=sys.stderr)
-        speculative += [{"dtype": dtype_name, **r}
-                        for r in bench_speculative(ckpt, dtype, spec, gammas, spec_tokens, eos, hf)]
+        hf = None
+        if "plain" in sections:
+            print(f"bench_speed: plain decoding, {dtype_name} ...", file=sys.stderr)
+            systems = load_systems(ckpt, dtype, args.transformers)
+            wbytes[dtype_name] = weights_bytes(systems["reference"])
+            plain += [{"dtype": dtype_name, **r} for r in bench_plain(systems, plain_prompts, new_tokens, args.reps)]
+            hf = systems.get("transformers")
+            del systems
+        if "speculative" in sections:
+            if hf is None and args.transformers:
+                hf = load_transformers(ckpt, dtype)
+            print(f"bench_speed: speculative, {dtype_name} ...", file=sys.stderr)
+            speculative += [{"dtype": dtype_name, **r}
+                            for r in bench_speculative(ckpt, dtype, spec, gammas, spec_tokens, eos, hf)]
         del hf
-        print(f"bench_speed: DropMatch overhead, {dtype_name} ...", file=sys.stderr)
-        dropmatch += [{"dtype": dtype_name, **r} for r in dropmatch_overhead(ckpt, dtype, spec["rag"][0], 20)]
+        if "dropmatch" in sections:
+            print(f"bench_speed: DropMatch overhead, {dtype_name} ...", file=sys.stderr)
+            dropmatch += [{"dtype": dtype_name, **r} for r in dropmatch_overhead(ckpt, dtype, spec["rag"][0], 20)]
+            model = fast.optimize(minispec.load_model(ckpt, dtype=dtype))
+            dropmatch_loop.append({"dtype": dtype_name, "kernels": "fast",
+                                   **dropmatch_loop_overhead(model, spec["rag"], 5, spec_tokens, eos)})
+            del model
     memory = []
-    if args.memory and not args.quick:
+    if "memory" in sections and args.memory and not args.quick:
         print("bench_speed: memory ...", file=sys.stderr)
         memory = measure_memory(ckpt, spec["summarization"][0], new_tokens)
     meta["seconds"] = time.perf_counter() - t_start
     return {"meta": meta, "bandwidth": bandwidth, "weights_bytes": wbytes,
             "plain": summarise_plain(plain, wbytes, bandwidth["bandwidth_gbps"] * 1e9),
-            "speculative": summarise_speculative(speculative), "dropmatch": dropmatch, "memory": memory,
+            "speculative": summarise_speculative(speculative), "dropmatch": dropmatch,
+            "dropmatch_loop": dropmatch_loop, "memory": memory,
             "records": {"plain": plain, "speculative": speculative}}
 
 

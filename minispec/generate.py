@@ -49,6 +49,7 @@ class GenerateArgs:
     criterion: str
     majority: str
     or_base: bool
+    lazy_paths: bool
     stats: bool
     show: bool
 
@@ -108,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--majority", choices=["strict", "plurality"], default="strict")
     s.add_argument("--no-or-base", dest="or_base", action="store_false",
                    help="DropMatch alone, not OR-ed with its base policy (exact at T=0, sampling at T>0)")
+    s.add_argument("--all-paths", dest="lazy_paths", action="store_false",
+                   help="DropMatch: compute every position's dropout paths in the verify's head call (slower; "
+                        "reports how often all K heads agree) instead of only where a verdict needs them")
     s.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
     s.add_argument("--show", action="store_true",
                    help="colour the output: accepted drafts green, corrections red, bonus tokens blue")
@@ -169,7 +173,8 @@ def _policy(args: GenerateArgs):
 
     if args.policy == "dropmatch":
         return acceptance.get("dropmatch", p=args.dropout_p, paths=args.paths, criterion=args.criterion,
-                              majority=args.majority, or_base=args.or_base, seed=args.seed)
+                              majority=args.majority, or_base=args.or_base, seed=args.seed,
+                              lazy=args.lazy_paths)
     try:
         return acceptance.get(args.policy)
     except MinispecError as err:
@@ -238,9 +243,10 @@ def format_stats(s: dict) -> str:
         f"time: draft {s['draft_seconds']:.2f}s, verify {s['verify_seconds']:.2f}s, policy {s['policy_seconds']:.2f}s, "
         f"total {s['total_seconds']:.2f}s",
     ]
-    if "heads_all_agree" in s:
-        lines.append(f"dropmatch: all K heads agree at {s['heads_all_agree']:.1%} of positions; "
-                     f"{s['accepted_by_dropmatch_only']} tokens accepted only thanks to DropMatch")
+    if "accepted_by_dropmatch_only" in s:
+        agree = (f"all K heads agree at {s['heads_all_agree']:.1%} of positions" if "heads_all_agree" in s
+                 else f"dropout paths computed at {s['path_positions_per_step']:.2f} positions per step")
+        lines.append(f"dropmatch: {agree}; {s['accepted_by_dropmatch_only']} tokens accepted only thanks to DropMatch")
     return "\n".join(lines)
 
 

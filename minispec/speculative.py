@@ -213,6 +213,8 @@ class StepStats:
         self.dropmatch_only = 0
         self.agree_positions = 0.0  # DropMatch: positions where all K heads agreed with the clean argmax
         self.scored_positions = 0  # ... out of this many verified positions
+        self.dropmatch_steps = 0  # steps whose decision came from DropMatch (its info keys)
+        self.path_positions = 0  # lazy DropMatch: positions whose dropout paths were computed
 
     def record(self, num_drafted: int, num_accepted: int, info: dict) -> None:
         self.num_steps += 1
@@ -222,7 +224,10 @@ class StepStats:
         for i in range(num_drafted):
             self.proposed_at[i] += 1
             self.accepted_at[i] += i < num_accepted
-        self.dropmatch_only += info.get("accepted_by_dropmatch_only", 0)
+        if "accepted_by_dropmatch_only" in info:
+            self.dropmatch_steps += 1
+            self.dropmatch_only += info["accepted_by_dropmatch_only"]
+            self.path_positions += info.get("path_positions", 0)
         if "heads_all_agree" in info:  # a fraction of this step's num_drafted + 1 positions
             self.agree_positions += info["heads_all_agree"] * (num_drafted + 1)
             self.scored_positions += num_drafted + 1
@@ -238,9 +243,12 @@ class StepStats:
             "per_position_acceptance": [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)],
             "accepted_length_histogram": self.histogram,
         }
+        if self.dropmatch_steps:
+            out["accepted_by_dropmatch_only"] = self.dropmatch_only
+            # lazy DropMatch: mean number of positions per step that needed their K dropout paths
+            out["path_positions_per_step"] = self.path_positions / self.dropmatch_steps
         if self.scored_positions:
             out["heads_all_agree"] = self.agree_positions / self.scored_positions
-            out["accepted_by_dropmatch_only"] = self.dropmatch_only
         return out
 
 

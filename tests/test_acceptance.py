@@ -18,8 +18,9 @@ import minispec.acceptance as acceptance
 from minispec.acceptance import (AcceptancePolicy, Decision, DropMatch, ExactMatch, PolicyInputError,
                                  SpeculativeSampling, TypicalAcceptance, VerifyInput, check_input, first_rejection,
                                  register)
-from minispec.acceptance.dropmatch import js_divergence, vote_acceptances
-from minispec.acceptance.sampling import acceptance_probability, residual_distribution
+from minispec.acceptance.dropmatch import DropoutPaths, js_divergence, vote_acceptances
+from minispec.acceptance.exact import greedy_acceptances
+from minispec.acceptance.sampling import acceptance_probability, residual_distribution, sample_acceptances
 from minispec.acceptance.typical import typical_acceptances
 from minispec.errors import MinispecError
 from minispec.sampling import SamplingParams, logits_to_probs, sample_token
@@ -453,12 +454,12 @@ class CountingHead:
         return hidden @ self.weight.T
 
 
-def test_head_logits_calls_the_head_once_with_inverted_dropout_rows():
+def test_eager_head_logits_calls_the_head_once_with_inverted_dropout_rows():
     num_paths, num_positions, hidden_size, vocab, p = 5, 3, 2000, 7, 0.3
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(num_positions, hidden_size, generator=gen, dtype=F64) + 3  # no zeros
     head = CountingHead(torch.randn(vocab, hidden_size, generator=gen, dtype=F64))
-    clean, paths = DropMatch(p=p, paths=num_paths).head_logits(hidden, head)
+    clean, paths = DropMatch(p=p, paths=num_paths, lazy=False).head_logits(hidden, head)
     assert len(head.inputs) == 1  # ONE head call for the clean row and all paths
     rows = head.inputs[0].view(num_paths + 1, num_positions, hidden_size)  # [K+1, gamma+1, d]
     assert torch.equal(rows[0], hidden)  # the clean rows come first, untouched
@@ -474,17 +475,35 @@ def test_head_logits_calls_the_head_once_with_inverted_dropout_rows():
     torch.testing.assert_close(paths, rows[1:] @ head.weight.T, rtol=1e-12, atol=1e-10)
 
 
+def test_lazy_head_logits_reads_the_clean_rows_then_one_position_per_call_with_the_eager_masks():
+    num_paths, num_positions, hidden_size, vocab, p = 4, 5, 64, 7, 0.3
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(num_positions, hidden_size, generator=gen, dtype=F64)
+    weight = torch.randn(vocab, hidden_size, generator=gen, dtype=F64)
+    lazy_head, eager_head = CountingHead(weight), CountingHead(weight)
+    clean, paths = DropMatch(p=p, paths=num_paths, seed=3).head_logits(hidden, lazy_head)
+    eager_clean, eager_paths = DropMatch(p=p, paths=num_paths, seed=3, lazy=False).head_logits(hidden, eager_head)
+    assert len(lazy_head.inputs) == 1 and torch.equal(lazy_head.inputs[0], hidden)  # the clean rows only
+    assert isinstance(paths, DropoutPaths) and paths.shape == (num_paths, num_positions, vocab) and paths.computed == []
+    at2 = paths.at(2)  # [K, V]
+    assert len(lazy_head.inputs) == 2 and lazy_head.inputs[1].shape == (num_paths, hidden_size) and paths.computed == [2]
+    assert paths.at(2) is at2 and len(lazy_head.inputs) == 2  # computed once, then remembered
+    # the same masks as the eager call (same seed, same draw order); float64, other GEMM shapes: ~1e-13
+    torch.testing.assert_close(clean, eager_clean, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(paths.all(), eager_paths, rtol=1e-12, atol=1e-10)
+
+
 def test_head_logits_masks_are_seeded_fresh_per_step_and_reset_reseeds():
     hidden = torch.ones(4, 16, dtype=F64)
     weight = torch.randn(9, 16, generator=torch.Generator().manual_seed(1), dtype=F64)
     head = CountingHead(weight)
-    first, second = DropMatch(seed=7), DropMatch(seed=7)
+    first, second = DropMatch(seed=7, lazy=False), DropMatch(seed=7, lazy=False)
     step1 = first.head_logits(hidden, head)[1]
     assert torch.equal(step1, second.head_logits(hidden, head)[1])  # same seed, same masks
     step2 = first.head_logits(hidden, head)[1]
     assert not torch.equal(step1, step2)  # fresh masks for the next step
     assert not torch.equal(step1[0], step1[1])  # and for each path
-    assert not torch.equal(DropMatch(seed=8).head_logits(hidden, head)[1], step1)
+    assert not torch.equal(DropMatch(seed=8, lazy=False).head_logits(hidden, head)[1], step1)
     first.reset()
     assert torch.equal(first.head_logits(hidden, head)[1], step1)  # reset() starts the masks over
 
@@ -554,7 +573,7 @@ def test_dropmatch_p0_at_temperature_zero_equals_exact(case):
 def test_dropmatch_naive_accepts_at_least_what_majority_accepts(case, p):
     options, inp, hidden, head = case
     options.update(or_base=False)
-    inp = _with_paths(inp, DropMatch(p=p, **options), hidden, head)
+    inp = _with_paths(inp, DropMatch(p=p, lazy=False, **options), hidden, head)
     head_tokens = inp.head_extras[:, :inp.gamma].argmax(-1)  # [K, gamma]
     naive = vote_acceptances(head_tokens, inp.draft_tokens, "naive")
     for rule in ("strict", "plurality"):  # per position: naive ⊇ plurality ⊇ strict
@@ -581,6 +600,29 @@ def test_dropmatch_or_base_never_accepts_less_than_its_base(case, p):
         assert decision.info["accepted_by_dropmatch_only"] >= 1
     if decision.num_accepted == base_decision.num_accepted:  # the base's draws, the base's token
         assert decision.next_token == base_decision.next_token
+
+
+@given(case=st.one_of(dropmatch_cases(temperature_zero=True), dropmatch_cases(temperature_zero=False)),
+       p=st.sampled_from([0.1, 0.3, 0.6]))
+def test_lazy_dropmatch_decides_as_eager_and_computes_paths_only_where_a_verdict_is_needed(case, p):
+    options, inp, hidden, head = case
+    lazy_policy, eager_policy = DropMatch(p=p, **options), DropMatch(p=p, lazy=False, **options)
+    lazy_inp, eager_inp = _with_paths(inp, lazy_policy, hidden, head), _with_paths(inp, eager_policy, hidden, head)
+    lazy, eager = lazy_policy(lazy_inp), eager_policy(eager_inp)
+    assert decided(lazy) == decided(eager)
+    assert lazy.info["accepted_by_dropmatch_only"] == eager.info["accepted_by_dropmatch_only"]
+    # Which positions needed a verdict: up to the first rejection, those the base's own per-position
+    # verdict does not settle (with or_base), or all of them (without). The base's draws at T > 0
+    # come from a fresh copy of the verify generator, as in the policy.
+    if inp.params.greedy:
+        base_accepted = greedy_acceptances(inp.draft_tokens, inp.target_logits).tolist()
+    else:
+        generator = torch.Generator().manual_seed(inp.generator.initial_seed())
+        base_accepted = sample_acceptances(inp.p_target, inp.q_draft, inp.draft_tokens, generator).tolist()
+    n = lazy.num_accepted
+    needed = [i for i in range(min(n + 1, inp.gamma)) if not (options["or_base"] and base_accepted[i])]
+    assert lazy_inp.head_extras.computed == needed
+    assert lazy.info["path_positions"] == len(needed)
 
 
 def test_dropmatch_k1_reduces_to_the_single_heads_argmax():

@@ -60,3 +60,25 @@ def test_weights_bytes_counts_a_tied_head_once():
     untied = random_model(tiny_config(tie_word_embeddings=False), 0, dtype=torch.float32)
     head_bytes = untied.lm_head.weight.numel() * 4
     assert bench_speed.weights_bytes(untied) - bench_speed.weights_bytes(tied) == head_bytes
+
+
+def test_dropmatch_loop_overhead_replays_real_steps_eager_and_lazy():
+    import torch
+
+    from minispec.testing import random_model, tiny_config
+
+    model = random_model(tiny_config(), 0, dtype=torch.float32)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5]]  # repetitive: the n-gram drafter finds matches
+    row = bench_speed.dropmatch_loop_overhead(model, prompts, gamma=3, max_new_tokens=12, eos=[], reps=1)
+    assert row["prompts"] == 2 and row["steps"] >= 2
+    assert 0 <= row["path_positions_per_step"] <= 3  # lazy: at most the drafted positions of a step
+    assert row["verify_ms_per_step"] > 0
+    for key in ("eager_share", "lazy_share"):
+        assert row[key] == row[key]  # a number (timing differences may be of either sign on a tiny model)
+
+
+def test_sections_flag_rejects_unknown_names_in_one_line():
+    out = subprocess.run([sys.executable, "-m", "minispec.bench_speed", "--sections", "plain,fast"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "--sections" in out.stderr

@@ -72,6 +72,24 @@ def test_dropmatch_at_p0_equals_exact(setup, gamma, kind, paths, criterion, or_b
         assert dm.stats["accepted_length_histogram"] == exact.stats["accepted_length_histogram"]
 
 
+@settings(max_examples=25)
+@given(setup=setups(), gamma=st.integers(1, 5), kind=st.sampled_from(["same", "random", "ngram"]),
+       p=st.sampled_from([0.1, 0.3, 0.6]), or_base=st.booleans(), temperature=st.sampled_from([0.0, 1.0]))
+def test_lazy_dropmatch_emits_what_eager_dropmatch_emits(setup, gamma, kind, p, or_base, temperature):
+    """Lazy paths (default) and all paths in the verify's head call: same masks, same decisions."""
+    cfg, seed, prompt = setup
+    target = random_model(cfg, seed, scale=3.0)
+    draft = build_draft(kind, target, seed)
+    runs = [generate(target, prompt, max_new_tokens=12, draft=draft, gamma=gamma, temperature=temperature, seed=seed,
+                     policy=acceptance.get("dropmatch", p=p, or_base=or_base, seed=seed, lazy=lazy), eos_token_ids=[])
+            for lazy in (True, False)]
+    assert runs[0].tokens == runs[1].tokens
+    for key in ("accepted_length_histogram", "accepted_by_dropmatch_only"):
+        assert runs[0].stats[key] == runs[1].stats[key]
+    assert "heads_all_agree" in runs[1].stats and "heads_all_agree" not in runs[0].stats
+    assert runs[0].stats["path_positions_per_step"] <= gamma  # lazy: at most the drafted positions
+
+
 @settings(max_examples=10)
 @given(setup=setups(), gamma=st.integers(1, 5), kind=st.sampled_from(["random", "ngram", "early-exit"]),
        policy=st.sampled_from(["exact", "sampling", "typical", "dropmatch"]), temperature=st.sampled_from([0.0, 1.0]))
