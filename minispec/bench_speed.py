@@ -256,21 +256,28 @@ class _RecordingExact(ExactMatch):
         return super().decide(inp)
 
 
+DROPMATCH_VARIANTS = {"eager": dict(lazy=False), "lazy, prefetch 0": dict(prefetch=0),
+                      "lazy, prefetch 1 (default)": dict(prefetch=1), "lazy, prefetch 2": dict(prefetch=2)}
+
+
 def dropmatch_loop_overhead(model, prompts: list[list[int]], gamma: int, max_new_tokens: int, eos: list[int],
-                            reps: int = 3) -> dict:
-    """DropMatch's extra time per verify step in real n-gram loops, eager and lazy (module docstring, 4b).
+                            reps: int = 3) -> list[dict]:
+    """DropMatch's extra time per verify step in real n-gram loops, per variant (module docstring, 4b).
 
     Per recorded step, the median over `reps` of: exact = head(h) + ExactMatch()(inp);
-    DropMatch = head_logits(h, head) + decide, on the same step. Totals over all steps of all
-    prompts; share = (DropMatch - exact) / the runs' verify seconds (forward + head).
+    DropMatch = head_logits(h, head) + decide, on the same step, for each of DROPMATCH_VARIANTS.
+    Totals over all steps of all prompts; share = (DropMatch - exact) / the runs' verify seconds
+    (forward + head). One row per variant.
     """
     from minispec import acceptance
     from minispec.acceptance import VerifyInput
     from minispec.speculative import generate
 
-    totals = {"exact": 0.0, "eager": 0.0, "lazy": 0.0}
-    verify_seconds, steps, path_positions = 0.0, 0, 0
     exact = acceptance.get("exact")
+    totals = {name: 0.0 for name in ["exact", *DROPMATCH_VARIANTS]}
+    positions = {name: 0 for name in DROPMATCH_VARIANTS}
+    head_calls = {name: 0 for name in DROPMATCH_VARIANTS}
+    verify_seconds, steps = 0.0, 0
     with torch.inference_mode():
         for ids in prompts:
             recorder = _RecordingExact()
@@ -282,33 +289,36 @@ def dropmatch_loop_overhead(model, prompts: list[list[int]], gamma: int, max_new
                 def run_exact(hidden=hidden, inp=inp):
                     exact(VerifyInput(inp.draft_tokens, inp.q_draft, model.head(hidden).float(), inp.p_target,
                                       inp.params, inp.generator, inp.draft_logits))
+                    return {}
 
-                def run_dropmatch(lazy: bool, hidden=hidden, inp=inp, step=step):
-                    policy = acceptance.get("dropmatch", p=0.3, paths=5, seed=step, lazy=lazy)
+                def run_dropmatch(options, hidden=hidden, inp=inp, step=step):
+                    policy = acceptance.get("dropmatch", p=0.3, paths=5, seed=step, **options)
                     clean, extras = policy.head_logits(hidden, model.head)
-                    decision = policy(VerifyInput(inp.draft_tokens, inp.q_draft, clean.float(), inp.p_target,
-                                                  inp.params, inp.generator, inp.draft_logits, extras))
-                    return decision.info.get("path_positions", 0)
+                    return policy(VerifyInput(inp.draft_tokens, inp.q_draft, clean.float(), inp.p_target,
+                                              inp.params, inp.generator, inp.draft_logits, extras)).info
 
-                runs = {"exact": run_exact, "eager": lambda: run_dropmatch(False), "lazy": lambda: run_dropmatch(True)}
+                runs = {"exact": run_exact}
+                runs.update({name: (lambda o=options: run_dropmatch(o)) for name, options in DROPMATCH_VARIANTS.items()})
                 samples = {name: [] for name in runs}
                 for _ in range(reps):  # interleaved
                     for name, fn in runs.items():
                         t0 = time.perf_counter()
-                        result = fn()
+                        info = fn()
                         samples[name].append(time.perf_counter() - t0)
-                        if name == "lazy":
-                            positions = result
-                path_positions += positions
+                        if name in positions:
+                            positions[name] += info.get("path_positions", 0) / reps
+                            head_calls[name] += info.get("path_head_calls", 0) / reps
                 for name, values in samples.items():
                     totals[name] += statistics.median(values)
-    return {"drafter": "ngram", "gamma": gamma, "prompts": len(prompts), "steps": steps,
-            "verify_ms_per_step": 1e3 * verify_seconds / steps,
-            "eager_extra_ms_per_step": 1e3 * (totals["eager"] - totals["exact"]) / steps,
-            "lazy_extra_ms_per_step": 1e3 * (totals["lazy"] - totals["exact"]) / steps,
-            "eager_share": (totals["eager"] - totals["exact"]) / verify_seconds,
-            "lazy_share": (totals["lazy"] - totals["exact"]) / verify_seconds,
-            "path_positions_per_step": path_positions / steps}
+    rows = []
+    for name in DROPMATCH_VARIANTS:
+        extra = totals[name] - totals["exact"]
+        rows.append({"variant": name, "drafter": "ngram", "gamma": gamma, "prompts": len(prompts), "steps": steps,
+                     "verify_ms_per_step": 1e3 * verify_seconds / steps, "extra_ms_per_step": 1e3 * extra / steps,
+                     "extra_share": extra / verify_seconds,
+                     "path_positions_per_step": positions[name] / steps if name != "eager" else None,
+                     "path_head_calls_per_step": head_calls[name] / steps if name != "eager" else None})
+    return rows
 
 
 # ------------------------------------------------------------------------------------- memory
@@ -498,18 +508,19 @@ def render(result: dict) -> str:
             lines.append(f"| {r['dtype']} | {r['kernels']} | {r['gamma']} | {r['verify_ms']:.1f} | {r['head_ms']:.2f} "
                          f"| {r['dropmatch_head_ms']:.2f} | **{r['extra_share_of_verify']:.1%}** |")
     if result.get("dropmatch_loop"):
-        lines += ["", "## DropMatch (K=5, p=0.3) in real loops: eager vs lazy, everything the policy adds", "",
+        lines += ["", "## DropMatch (K=5, p=0.3) in real loops: everything the policy adds, eager and lazy", "",
                   "Every verify step of exact-policy n-gram runs on the RAG prompts (T = 0), replayed through exact "
                   "(head + decide) and DropMatch (head_logits + decide); extra time summed over all steps, divided "
-                  "by the runs' own verify time (forward + head).", "",
-                  "| dtype | kernels | gamma | prompts | steps | verify ms/step | eager extra ms/step | lazy extra ms/step "
-                  "| positions with paths/step | eager extra / verify | lazy extra / verify |",
+                  "by the runs' own verify time (forward + head). 'positions' = positions per step whose verdict "
+                  "needed the dropout paths; 'head calls' = extra LM-head calls per step.", "",
+                  "| dtype | kernels | gamma | prompts | steps | DropMatch | verify ms/step | extra ms/step "
+                  "| positions/step | head calls/step | extra / verify |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in result["dropmatch_loop"]:
             lines.append(f"| {r['dtype']} | {r['kernels']} | {r['gamma']} | {r['prompts']} | {r['steps']} "
-                         f"| {r['verify_ms_per_step']:.1f} | {r['eager_extra_ms_per_step']:.2f} "
-                         f"| {r['lazy_extra_ms_per_step']:.2f} | {r['path_positions_per_step']:.2f} "
-                         f"| {r['eager_share']:.1%} | **{r['lazy_share']:.1%}** |")
+                         f"| {r['variant']} | {r['verify_ms_per_step']:.1f} | {r['extra_ms_per_step']:.2f} "
+                         f"| {fmt(r['path_positions_per_step'])} | {fmt(r['path_head_calls_per_step'])} "
+                         f"| **{r['extra_share']:.1%}** |")
     if result.get("memory"):
         lines += ["", "## Peak memory of generation", "",
                   "| dtype | kernels | draft | weights MB | KV MB | RSS rise after load MB | peak rise MB | peak / (weights + KV) |",
@@ -600,8 +611,8 @@ def run(args) -> dict:
             print(f"bench_speed: DropMatch overhead, {dtype_name} ...", file=sys.stderr)
             dropmatch += [{"dtype": dtype_name, **r} for r in dropmatch_overhead(ckpt, dtype, spec["rag"][0], 20)]
             model = fast.optimize(minispec.load_model(ckpt, dtype=dtype))
-            dropmatch_loop.append({"dtype": dtype_name, "kernels": "fast",
-                                   **dropmatch_loop_overhead(model, spec["rag"], 5, spec_tokens, eos)})
+            dropmatch_loop += [{"dtype": dtype_name, "kernels": "fast", **r}
+                               for r in dropmatch_loop_overhead(model, spec["rag"], 5, spec_tokens, eos)]
             del model
     memory = []
     if "memory" in sections and args.memory and not args.quick:

@@ -214,7 +214,8 @@ class StepStats:
         self.agree_positions = 0.0  # DropMatch: positions where all K heads agreed with the clean argmax
         self.scored_positions = 0  # ... out of this many verified positions
         self.dropmatch_steps = 0  # steps whose decision came from DropMatch (its info keys)
-        self.path_positions = 0  # lazy DropMatch: positions whose dropout paths were computed
+        self.path_positions = 0  # lazy DropMatch: positions whose verdict needed their dropout paths
+        self.path_head_calls = 0  # ... and the extra LM-head calls they cost
 
     def record(self, num_drafted: int, num_accepted: int, info: dict) -> None:
         self.num_steps += 1
@@ -228,6 +229,7 @@ class StepStats:
             self.dropmatch_steps += 1
             self.dropmatch_only += info["accepted_by_dropmatch_only"]
             self.path_positions += info.get("path_positions", 0)
+            self.path_head_calls += info.get("path_head_calls", 0)
         if "heads_all_agree" in info:  # a fraction of this step's num_drafted + 1 positions
             self.agree_positions += info["heads_all_agree"] * (num_drafted + 1)
             self.scored_positions += num_drafted + 1
@@ -247,6 +249,7 @@ class StepStats:
             out["accepted_by_dropmatch_only"] = self.dropmatch_only
             # lazy DropMatch: mean number of positions per step that needed their K dropout paths
             out["path_positions_per_step"] = self.path_positions / self.dropmatch_steps
+            out["path_head_calls_per_step"] = self.path_head_calls / self.dropmatch_steps
         if self.scored_positions:
             out["heads_all_agree"] = self.agree_positions / self.scored_positions
         return out

@@ -481,16 +481,25 @@ def test_lazy_head_logits_reads_the_clean_rows_then_one_position_per_call_with_t
     hidden = torch.randn(num_positions, hidden_size, generator=gen, dtype=F64)
     weight = torch.randn(vocab, hidden_size, generator=gen, dtype=F64)
     lazy_head, eager_head = CountingHead(weight), CountingHead(weight)
-    clean, paths = DropMatch(p=p, paths=num_paths, seed=3).head_logits(hidden, lazy_head)
+    clean, paths = DropMatch(p=p, paths=num_paths, seed=3, prefetch=0).head_logits(hidden, lazy_head)
     eager_clean, eager_paths = DropMatch(p=p, paths=num_paths, seed=3, lazy=False).head_logits(hidden, eager_head)
     assert len(lazy_head.inputs) == 1 and torch.equal(lazy_head.inputs[0], hidden)  # the clean rows only
-    assert isinstance(paths, DropoutPaths) and paths.shape == (num_paths, num_positions, vocab) and paths.computed == []
+    assert isinstance(paths, DropoutPaths) and paths.shape == (num_paths, num_positions, vocab) and paths.asked == []
     at2 = paths.at(2)  # [K, V]
-    assert len(lazy_head.inputs) == 2 and lazy_head.inputs[1].shape == (num_paths, hidden_size) and paths.computed == [2]
+    assert len(lazy_head.inputs) == 2 and lazy_head.inputs[1].shape == (num_paths, hidden_size)
+    assert paths.asked == [2] and paths.head_calls == 1
     assert paths.at(2) is at2 and len(lazy_head.inputs) == 2  # computed once, then remembered
     # the same masks as the eager call (same seed, same draw order); float64, other GEMM shapes: ~1e-13
     torch.testing.assert_close(clean, eager_clean, rtol=1e-12, atol=1e-10)
     torch.testing.assert_close(paths.all(), eager_paths, rtol=1e-12, atol=1e-10)
+    # prefetch=2: the first two drafted positions' paths ride along in the verify's head call
+    prefetch_head = CountingHead(weight)
+    clean2, paths2 = DropMatch(p=p, paths=num_paths, seed=3, prefetch=2).head_logits(hidden, prefetch_head)
+    assert len(prefetch_head.inputs) == 1 and prefetch_head.inputs[0].shape == (num_positions + 2 * num_paths, hidden_size)
+    torch.testing.assert_close(clean2, eager_clean, rtol=1e-12, atol=1e-10)
+    for i in range(num_positions):
+        torch.testing.assert_close(paths2.at(i), eager_paths[:, i], rtol=1e-12, atol=1e-10)
+    assert paths2.head_calls == num_positions - 2  # only the positions not prefetched cost a call
 
 
 def test_head_logits_masks_are_seeded_fresh_per_step_and_reset_reseeds():
@@ -606,7 +615,8 @@ def test_dropmatch_or_base_never_accepts_less_than_its_base(case, p):
        p=st.sampled_from([0.1, 0.3, 0.6]))
 def test_lazy_dropmatch_decides_as_eager_and_computes_paths_only_where_a_verdict_is_needed(case, p):
     options, inp, hidden, head = case
-    lazy_policy, eager_policy = DropMatch(p=p, **options), DropMatch(p=p, lazy=False, **options)
+    prefetch = options["seed"] % 3  # 0, 1 or 2 prefetched positions
+    lazy_policy, eager_policy = DropMatch(p=p, prefetch=prefetch, **options), DropMatch(p=p, lazy=False, **options)
     lazy_inp, eager_inp = _with_paths(inp, lazy_policy, hidden, head), _with_paths(inp, eager_policy, hidden, head)
     lazy, eager = lazy_policy(lazy_inp), eager_policy(eager_inp)
     assert decided(lazy) == decided(eager)
@@ -621,8 +631,9 @@ def test_lazy_dropmatch_decides_as_eager_and_computes_paths_only_where_a_verdict
         base_accepted = sample_acceptances(inp.p_target, inp.q_draft, inp.draft_tokens, generator).tolist()
     n = lazy.num_accepted
     needed = [i for i in range(min(n + 1, inp.gamma)) if not (options["or_base"] and base_accepted[i])]
-    assert lazy_inp.head_extras.computed == needed
+    assert lazy_inp.head_extras.asked == needed
     assert lazy.info["path_positions"] == len(needed)
+    assert lazy.info["path_head_calls"] == len([i for i in needed if i >= prefetch])
 
 
 def test_dropmatch_k1_reduces_to_the_single_heads_argmax():

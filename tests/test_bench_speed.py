@@ -67,14 +67,19 @@ def test_dropmatch_loop_overhead_replays_real_steps_eager_and_lazy():
 
     from minispec.testing import random_model, tiny_config
 
-    model = random_model(tiny_config(), 0, dtype=torch.float32)
+    model = random_model(tiny_config(), 0, dtype=torch.float64)  # float64: no near-ties between variants
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5]]  # repetitive: the n-gram drafter finds matches
-    row = bench_speed.dropmatch_loop_overhead(model, prompts, gamma=3, max_new_tokens=12, eos=[], reps=1)
-    assert row["prompts"] == 2 and row["steps"] >= 2
-    assert 0 <= row["path_positions_per_step"] <= 3  # lazy: at most the drafted positions of a step
-    assert row["verify_ms_per_step"] > 0
-    for key in ("eager_share", "lazy_share"):
-        assert row[key] == row[key]  # a number (timing differences may be of either sign on a tiny model)
+    rows = bench_speed.dropmatch_loop_overhead(model, prompts, gamma=3, max_new_tokens=12, eos=[], reps=1)
+    assert [r["variant"] for r in rows] == list(bench_speed.DROPMATCH_VARIANTS)
+    for row in rows:
+        assert row["prompts"] == 2 and row["steps"] >= 2 and row["verify_ms_per_step"] > 0
+        assert row["extra_share"] == row["extra_share"]  # a number (either sign on a tiny model)
+    lazy = [r for r in rows if r["variant"] != "eager"]
+    assert all(0 <= r["path_positions_per_step"] <= 3 for r in lazy)  # at most the drafted positions of a step
+    # the same decisions, so the same positions need paths; prefetching more can only save head calls
+    assert len({round(r["path_positions_per_step"], 9) for r in lazy}) == 1
+    calls = [r["path_head_calls_per_step"] for r in lazy]
+    assert calls == sorted(calls, reverse=True)
 
 
 def test_sections_flag_rejects_unknown_names_in_one_line():

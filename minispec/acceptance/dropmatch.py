@@ -54,14 +54,15 @@ the head is ~0.05% of the work). Two ways to pay for the paths, both giving the 
   arithmetic: 1.7 GFLOP at K=5, gamma=5, ~14% of a bf16 verify step on the fast path.
 - lazy=True (default; ours): the paths of position i are needed only to decide position i, and
   with or_base only where the base rejects (the prefix rule stops at the first rejection DropMatch
-  confirms). So the head runs on the clean rows only, and then on K rows of each position that
-  needs a verdict, one call per such position: usually one call, often none. Each such call reads
-  W again (~2 ms in bf16 here), which is far less than the arithmetic it saves.
+  confirms). So the verify's head call takes the clean rows plus the K rows of the first
+  `prefetch` drafted positions (default 1: with an n-gram or a weak drafter the first draft is
+  the one most often rejected by the base), and any other position that needs a verdict costs
+  one more head call on its K rows, which reads W again (~3 ms in bf16 here).
   The masks are still drawn for every (path, position) of the step, from the same generator in
   the same order, so lazy and eager see the same masks and reach the same decisions (up to the
   last bit of the head's matmul, whose summation order may depend on its row count).
   heads_all_agree needs every position's paths, so only lazy=False reports it; lazy=True reports
-  path_positions instead (how many positions had their paths computed).
+  path_positions (positions whose verdict needed the paths) and path_head_calls instead.
 """
 
 from __future__ import annotations
@@ -72,7 +73,6 @@ import torch
 
 from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputError, VerifyInput, first_rejection,
                                       register)
-from minispec.acceptance.exact import greedy_acceptances
 from minispec.acceptance.sampling import correction_or_bonus, sample_acceptances
 from minispec.errors import MinispecError
 from minispec.sampling import greedy_token
@@ -137,27 +137,36 @@ class DropoutPaths:
 
     hidden [gamma+1, d] is the LM-head input, masks [K, gamma+1, d] the step's 0/1 masks (all drawn
     up front, see DropMatch.head_logits), head the LM head. `at(i)` returns [K, V] for position i,
-    from one head call on the K rows h_i * m_k / (1-p); `computed` lists the positions paid for.
+    from one head call on the K rows h_i * m_k / (1-p), unless it was prefetched (`fill`).
+    `asked` lists the positions a verdict needed; `head_calls` counts the extra head calls.
     """
 
     def __init__(self, hidden: torch.Tensor, masks: torch.Tensor, p: float,
                  head: Callable[[torch.Tensor], torch.Tensor], vocab_size: int) -> None:
         self.hidden, self.masks, self.p, self.head, self.vocab_size = hidden, masks, p, head, vocab_size
         self._logits: dict[int, torch.Tensor] = {}  # position -> [K, V]
+        self.asked: list[int] = []
+        self.head_calls = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """[K, gamma+1, V] as if every position were computed (V from the clean head's width)."""
+        """[K, gamma+1, V] as if every position were computed."""
         return self.masks.shape[0], self.masks.shape[1], self.vocab_size
 
-    @property
-    def computed(self) -> list[int]:
-        return sorted(self._logits)
+    def dropped(self, positions: slice | int) -> torch.Tensor:
+        """The K dropped-out copies of the hidden states at `positions`: [K, ..., d]."""
+        return self.hidden[positions] * self.masks[:, positions] / (1.0 - self.p)  # inverted dropout
+
+    def fill(self, position: int, logits: torch.Tensor) -> None:
+        """Store a position's path logits [K, V] computed elsewhere (the verify's head call)."""
+        self._logits[position] = logits
 
     def at(self, position: int) -> torch.Tensor:
+        if position not in self.asked:
+            self.asked.append(position)
         if position not in self._logits:
-            dropped = self.hidden[position] * self.masks[:, position] / (1.0 - self.p)  # [K, d], inverted dropout
-            self._logits[position] = self.head(dropped)  # [K, V]
+            self._logits[position] = self.head(self.dropped(position))  # [K, d] -> [K, V]
+            self.head_calls += 1
         return self._logits[position]
 
     def all(self) -> torch.Tensor:
@@ -178,12 +187,15 @@ class DropMatch(AcceptancePolicy):
     js_temperature: the JS test's softmax temperature when params.temperature is 0; ours
     lazy: compute a position's dropout paths only when its verdict is needed (default), instead
       of all positions in the verify's head call; same decisions, see "Cost" in the module docstring
+    prefetch: lazy only: the paths of the first `prefetch` drafted positions go into the verify's
+      head call anyway (default 1: the first draft is where a verdict is most often needed)
     """
 
     lossless = False
 
     def __init__(self, p: float = 0.3, paths: int = 5, criterion: str = "js_or_majority", majority: str = "strict",
-                 or_base: bool = True, seed: int = 0, js_temperature: float = 1.0, lazy: bool = True) -> None:
+                 or_base: bool = True, seed: int = 0, js_temperature: float = 1.0, lazy: bool = True,
+                 prefetch: int = 1) -> None:
         if not 0 <= p < 1:
             raise MinispecError(f"dropout p = {p}; expected 0 <= p < 1")
         if isinstance(paths, bool) or not isinstance(paths, int) or paths < 1:
@@ -201,7 +213,10 @@ class DropMatch(AcceptancePolicy):
         self.or_base = or_base
         self.seed = seed
         self.js_temperature = js_temperature
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise MinispecError(f"dropmatch prefetch = {prefetch!r}; expected an integer >= 0")
         self.lazy = lazy
+        self.prefetch = prefetch
         self._generator = torch.Generator().manual_seed(seed)  # the masks' only source of randomness
 
     def reset(self) -> None:
@@ -213,8 +228,9 @@ class DropMatch(AcceptancePolicy):
         hidden [gamma+1, d] is the LM-head input. Path k at position i is the head of
         h_i * m_ki / (1-p), with fresh masks m_ki ~ Bernoulli(1-p)^d per path, position and step.
         Eager (lazy=False): the clean rows and all K(gamma+1) path rows go through ONE head call.
-        Lazy: the head runs on the clean rows now; DropoutPaths runs it on a position's K rows
-        when `decide` first needs them. The masks are drawn here either way, in the same order.
+        Lazy: the head runs on the clean rows and the K rows of the first `prefetch` drafted
+        positions now; DropoutPaths runs it on another position's K rows when `decide` first
+        needs them. The masks are drawn here either way, in the same order.
         """
         if hidden.dim() != 2:
             raise PolicyInputError(f"dropmatch: hidden shape {list(hidden.shape)}; expected [gamma+1, d]")
@@ -225,8 +241,16 @@ class DropMatch(AcceptancePolicy):
         keep = torch.full((self.paths, num_positions, hidden_size), 1.0 - self.p)  # [K, gamma+1, d]
         masks = torch.bernoulli(keep, generator=self._generator).to(hidden.device, hidden.dtype)  # [K, gamma+1, d]
         if self.lazy:
-            clean_logits = head(hidden)  # [gamma+1, V]
-            return clean_logits, DropoutPaths(hidden, masks, self.p, head, clean_logits.shape[-1])
+            paths = DropoutPaths(hidden, masks, self.p, head, vocab_size=0)
+            num_prefetched = min(self.prefetch, num_positions - 1)  # drafted positions only, not the bonus row
+            prefetched = paths.dropped(slice(0, num_prefetched)).reshape(-1, hidden_size)  # [K*n, d], path-major
+            logits = head(torch.cat([hidden, prefetched]))  # [gamma+1 + K*n, V]: W read once
+            clean_logits = logits[:num_positions]  # [gamma+1, V]
+            paths.vocab_size = vocab_size = clean_logits.shape[-1]
+            prefetched_logits = logits[num_positions:].view(self.paths, num_prefetched, vocab_size)  # [K, n, V]
+            for i in range(num_prefetched):
+                paths.fill(i, prefetched_logits[:, i])
+            return clean_logits, paths
         dropped = hidden * masks / (1.0 - self.p)  # [K, gamma+1, d], inverted dropout
         rows = torch.cat([hidden.unsqueeze(0), dropped])  # [K+1, gamma+1, d]: clean first
         logits = head(rows.reshape(-1, hidden_size))  # [(K+1)(gamma+1), V]: W read once
@@ -239,8 +263,8 @@ class DropMatch(AcceptancePolicy):
         clean_tokens = greedy_token(inp.target_logits)  # [gamma+1]
 
         # The base policy's verdict on each position (always computed; see the module docstring).
-        if inp.params.greedy:
-            base_accepted = greedy_acceptances(inp.draft_tokens, inp.target_logits)  # [gamma]
+        if inp.params.greedy:  # exact match: greedy_acceptances, from the argmax already taken
+            base_accepted = inp.draft_tokens == clean_tokens[:gamma]  # [gamma]
         else:
             base_accepted = sample_acceptances(inp.p_target, inp.q_draft, inp.draft_tokens, inp.generator)  # [gamma]
 
@@ -251,7 +275,7 @@ class DropMatch(AcceptancePolicy):
                     accepted[i] = bool(self._verdicts(inp, paths.at(i).unsqueeze(1), i, i + 1)[0])
                     if not accepted[i]:
                         break  # the prefix rule: nothing after the first rejection counts
-            info = {"path_positions": len(paths.computed)}
+            info = {"path_positions": len(paths.asked), "path_head_calls": paths.head_calls}
         else:  # every position at once, from the paths the verify's head call computed
             dropmatch_accepted = self._verdicts(inp, paths[:, :gamma], 0, gamma)  # [gamma]
             accepted = dropmatch_accepted | base_accepted if self.or_base else dropmatch_accepted  # [gamma]
@@ -269,8 +293,10 @@ class DropMatch(AcceptancePolicy):
     def _verdicts(self, inp: VerifyInput, path_logits: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """DropMatch's own verdict on drafted positions start..end-1: [end-start] bool.
 
-        path_logits [K, end-start, V]: the K paths at those positions.
+        path_logits [K, end-start, V]: the K paths at those positions. bf16 logits are upcast to
+        float32 first (for the JS test's precision, and CPU argmax on bf16 is ~4x slower).
         """
+        path_logits = path_logits.to(torch.promote_types(path_logits.dtype, torch.float32))  # [K, n, V]
         head_tokens = greedy_token(path_logits)  # [K, n]: y_k
         draft_tokens = inp.draft_tokens[start:end]  # [n]
         if self.criterion == "naive":
@@ -297,8 +323,8 @@ class DropMatch(AcceptancePolicy):
     def _js_acceptances(self, inp: VerifyInput, path_logits: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """The JS test at drafted positions start..end-1: [end-start] bool. path_logits [K, end-start, V]."""
         temperature = inp.params.temperature if not inp.params.greedy else self.js_temperature
-        compute_dtype = torch.promote_types(path_logits.dtype, torch.float32)  # bf16 logits -> fp32 JS
-        paths = path_logits.to(compute_dtype)  # [K, n, V]
+        paths = path_logits  # [K, n, V], float32 or float64 (see _verdicts)
+        compute_dtype = paths.dtype
         # With p = 0 the paths are the clean head bitwise; their float mean could be an ulp off.
         centroid_logits = paths[0] if self.p == 0 else paths.mean(dim=0)  # [n, V]
         if inp.draft_logits is not None:
