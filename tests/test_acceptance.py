@@ -615,6 +615,8 @@ def test_dropmatch_or_base_never_accepts_less_than_its_base(case, p):
        p=st.sampled_from([0.1, 0.3, 0.6]))
 def test_lazy_dropmatch_decides_as_eager_and_computes_paths_only_where_a_verdict_is_needed(case, p):
     options, inp, hidden, head = case
+    if torch.equal(hidden, hidden.round()):  # integer data: exact logit ties are common, and only an exact
+        p = 0.5  # dropout scale (1/(1-p) = 2) keeps the head's sums equal in every GEMM shape, hence the argmaxes
     prefetch = options["seed"] % 3  # 0, 1 or 2 prefetched positions
     lazy_policy, eager_policy = DropMatch(p=p, prefetch=prefetch, **options), DropMatch(p=p, lazy=False, **options)
     lazy_inp, eager_inp = _with_paths(inp, lazy_policy, hidden, head), _with_paths(inp, eager_policy, hidden, head)
