@@ -76,9 +76,8 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).to(self.dtype)  # [N, in], rounded to the weight dtype
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")  # [N, out]
-        return y.view(*x.shape[:-1], self.out_features)
+        # [..., in] -> [..., out]; the input rounded to the weight dtype (a no-op for float32)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

@@ -66,9 +66,9 @@ class KVCache:
         end = start + k_new.shape[2]
         if end > self.max_seq_len:  # the model checks first; this guards direct callers
             self.check_room(k_new.shape[2])
-        self.k[layer][:, :, start:end] = k_new
-        self.v[layer][:, :, start:end] = v_new
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        self.k[layer].narrow(2, start, end - start).copy_(k_new)  # the positions dim: [start, end)
+        self.v[layer].narrow(2, start, end - start).copy_(v_new)
+        return self.k[layer].narrow(2, 0, end), self.v[layer].narrow(2, 0, end)
 
     def advance(self, num_new: int) -> None:
         """Mark `num_new` freshly written positions as valid (called once per forward pass)."""
