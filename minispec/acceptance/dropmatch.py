@@ -241,14 +241,13 @@ class DropMatch(AcceptancePolicy):
         keep = torch.full((self.paths, num_positions, hidden_size), 1.0 - self.p)  # [K, gamma+1, d]
         masks = torch.bernoulli(keep, generator=self._generator).to(hidden.device, hidden.dtype)  # [K, gamma+1, d]
         if self.lazy:
-            paths = DropoutPaths(hidden, masks, self.p, head, vocab_size=0)
-            num_prefetched = min(self.prefetch, num_positions - 1)  # drafted positions only, not the bonus row
-            prefetched = paths.dropped(slice(0, num_prefetched)).reshape(-1, hidden_size)  # [K*n, d], path-major
+            n = min(self.prefetch, num_positions - 1)  # prefetched: drafted positions only, not the bonus row
+            prefetched = (hidden[:n] * masks[:, :n] / (1.0 - self.p)).reshape(-1, hidden_size)  # [K*n, d]
             logits = head(torch.cat([hidden, prefetched]))  # [gamma+1 + K*n, V]: W read once
             clean_logits = logits[:num_positions]  # [gamma+1, V]
-            paths.vocab_size = vocab_size = clean_logits.shape[-1]
-            prefetched_logits = logits[num_positions:].view(self.paths, num_prefetched, vocab_size)  # [K, n, V]
-            for i in range(num_prefetched):
+            paths = DropoutPaths(hidden, masks, self.p, head, clean_logits.shape[-1])
+            prefetched_logits = logits[num_positions:].view(self.paths, n, -1) if n else None  # [K, n, V]
+            for i in range(n):
                 paths.fill(i, prefetched_logits[:, i])
             return clean_logits, paths
         dropped = hidden * masks / (1.0 - self.p)  # [K, gamma+1, d], inverted dropout
