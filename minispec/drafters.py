@@ -9,15 +9,19 @@ proposes none when it finds no match; the loop then does an ordinary decode step
 
 Kinds:
   ModelDrafter      a separate, smaller model with the same tokenizer (its own KV cache)
-  ModelDrafter(self_draft(target, "bf16"))   the target's own weights at lower precision
-  EarlyExitDrafter  the target's first N layers + final norm + LM head (its own N-layer cache)
+  ModelDrafter(self_draft(target, "bf16" | "int8"), share_cache=True)
+                    the target's own weights at lower precision ("self:bf16", "self:int8")
+  ModelDrafter(target, num_layers=N, share_cache=True)
+                    early exit: the target's first N layers + final norm + LM head ("early-exit:N")
   NgramDrafter      prompt lookup: copy what followed the last earlier occurrence of the
                     context's final n-gram; no model, so q_draft is one-hot
 
-A model drafter keeps its cache lazily in step with the context: before drafting it feeds every
-context token its cache does not hold yet. After a step where the target rejected a draft,
-that is just the correction token; after a step where every draft was accepted, it is the last
-draft token d_gamma (which the drafter proposed but never fed itself) plus the bonus token.
+A model drafter with its own cache keeps it lazily in step with the context: before drafting it
+feeds every context token its cache does not hold yet. After a step where the target rejected a
+draft, that is just the correction token; after a step where every draft was accepted, it is the
+last draft token d_gamma (which the drafter proposed but never fed itself) plus the bonus token.
+The self-drafts and early exit draft on the target's own cache instead when its layout and dtype
+allow (ModelDrafter's docstring): no prefill and no catch-up for the draft.
 """
 
 from __future__ import annotations
@@ -59,14 +63,27 @@ class Drafter(ABC):
 
 
 class ModelDrafter(Drafter):
-    """Drafts with a causal LM of the target's vocabulary, autoregressively, with its own cache.
+    """Drafts with a causal LM of the target's vocabulary, autoregressively.
 
     `num_layers` (early exit) runs only the model's first N blocks before the final norm and head.
+
+    Own cache (default): the drafter keeps its own KVCache in step with the context (module
+    docstring). Shared cache (`share_cache=True`, for drafts that are the target itself: early
+    exit, or its lower-precision copy): the drafter writes into the target's own cache, which
+    holds context[:-1] at the start of every step (the loop's invariant), feeds the last token and
+    its own drafts after it, and then rolls the cache back to where it was. The verify pass then
+    writes positions [L, L+g] again in every layer before any layer reads them, so the target
+    still only ever reads its own keys and values. What this saves: the draft's own prefill and
+    catch-up forwards. What it changes: the draft attends to the target's keys and values for the
+    whole committed context (for early exit those are exactly its own). If the target's cache
+    cannot be shared (another layout or dtype), the drafter falls back to its own.
     """
 
-    def __init__(self, model: Transformer, *, num_layers: int | None = None, name: str = "model") -> None:
-        self.model, self.num_layers, self.name = model, num_layers, name
+    def __init__(self, model: Transformer, *, num_layers: int | None = None, name: str = "model",
+                 share_cache: bool = False) -> None:
+        self.model, self.num_layers, self.name, self.share_cache = model, num_layers, name, share_cache
         self.cache: KVCache | None = None
+        self.sharing = False  # whether the current sequence drafts on the target's cache
 
     def start(self, max_seq_len: int) -> None:
         cfg = self.model.config
@@ -74,7 +91,15 @@ class ModelDrafter(Drafter):
             self.num_layers or cfg.num_layers, 1, cfg.num_kv_heads, max_seq_len, cfg.head_dim,
             dtype=self.model.compute_dtype or self.model.dtype, device=self.model.device,
         )
+        self.sharing = False
         self.forwards = 0
+
+    def bind_target_cache(self, cache: KVCache) -> None:
+        """Called by the loop after start(): draft on `cache` if share_cache and the layouts match."""
+        cfg, mine = self.model.config, self.cache
+        if self.share_cache and cache.k[0].dtype == mine.k[0].dtype and cache.num_layers >= mine.num_layers \
+                and cache.k[0].shape[1:] == mine.k[0].shape[1:] and cache.k[0].device == mine.k[0].device:
+            self.cache, self.sharing = cache, True  # its own cache is dropped
 
     def _logits(self, tokens: list[int]) -> torch.Tensor:
         """Feed tokens at the cache's end; logits of the last one: [V]."""
@@ -84,6 +109,7 @@ class ModelDrafter(Drafter):
         return self.model.head(hidden[0, -1])
 
     def propose(self, context, gamma, params, generator) -> Draft:
+        start = self.cache.length  # shared: the target's cache holds context[:-1]
         # catch up: feed what the cache lacks (the last token; after full acceptance also d_gamma)
         logits = self._logits(context[self.cache.length:])
         tokens, rows = [], []
@@ -93,11 +119,14 @@ class ModelDrafter(Drafter):
             rows.append(logits)
             if i + 1 < gamma:  # d_gamma is not fed now: the target may reject it anyway
                 logits = self._logits([token])
+        if self.sharing:
+            self.cache.truncate(start)  # the target's cache as the loop left it
         draft_logits = torch.stack(rows) if rows else logits.new_zeros(0, logits.shape[-1])  # [g, V]
         return Draft(tokens, logits_to_probs(draft_logits, params), draft_logits)
 
     def rollback(self, num_valid: int) -> None:
-        self.cache.truncate(min(self.cache.length, num_valid))
+        if not self.sharing:  # a shared cache is the loop's to roll back
+            self.cache.truncate(min(self.cache.length, num_valid))
 
 
 class NgramDrafter(Drafter):
@@ -170,9 +199,9 @@ def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, 
         return NgramDrafter(max_ngram=size, vocab_size=vocab)
     if kind == "early-exit":
         n = _int_arg(text, arg, lo=1, hi=target.config.num_layers - 1)
-        return ModelDrafter(target, num_layers=n, name=text)
+        return ModelDrafter(target, num_layers=n, name=text, share_cache=True)
     if kind == "self":
-        return ModelDrafter(self_draft(target, arg), name=text)
+        return ModelDrafter(self_draft(target, arg), name=text, share_cache=True)
     path = Path(text)
     if path.is_dir():
         from minispec.checkpoint import load_model

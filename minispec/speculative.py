@@ -125,6 +125,8 @@ def _speculative(target, drafter, policy, gamma, prompt, max_new_tokens, params,
     max_len = len(prompt) + max_new_tokens + gamma + 1
     cache = target.new_cache(1, max_len)
     drafter.start(max_len)
+    if hasattr(drafter, "bind_target_cache"):  # a self-draft may draft on the target's own cache
+        drafter.bind_target_cache(cache)
     policy.reset()
     timer = _Timer()
 
@@ -192,6 +194,7 @@ def _speculative(target, drafter, policy, gamma, prompt, max_new_tokens, params,
         draft_forwards=drafter.forwards,
         **{f"{k}_seconds": v for k, v in timer.totals.items()},
         drafter=getattr(drafter, "name", type(drafter).__name__),
+        draft_shares_target_cache=bool(getattr(drafter, "sharing", False)),
         policy=policy.name,
         gamma=gamma,
     )

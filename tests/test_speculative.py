@@ -167,3 +167,37 @@ def test_clear_errors():
     with pytest.raises(MinispecError) as err:
         generate(target, [1], max_new_tokens=3, draft="early-exit:2")
     assert "expected an integer N with 1 <= N <= 1" in one_line(err)
+
+
+@settings(max_examples=20)
+@given(setup=setups(max_layers=3), gamma=st.integers(1, 5), n_new=st.integers(1, 16),
+       noise=st.sampled_from([0.0, 0.3]), early_exit=st.booleans())
+def test_a_draft_on_the_targets_own_cache_leaves_it_exact(setup, gamma, n_new, noise, early_exit):
+    """Shared-cache drafts (early exit, or a perturbed float64 copy standing in for a lower-precision
+    self-draft): the target's cache is checked against recomputation before every target pass, the
+    output is plain greedy's, and the draft makes exactly one forward per token it feeds."""
+    cfg, seed, prompt = setup
+    target = random_model(cfg, seed, scale=3.0)
+    if early_exit:
+        drafter = ModelDrafter(target, num_layers=max(1, cfg.num_layers - 1), share_cache=True)
+    else:
+        copy = random_model(cfg, seed, scale=3.0)
+        with torch.no_grad():
+            for p in copy.parameters():
+                p.add_(noise * torch.randn_like(p))
+        drafter = ModelDrafter(copy, share_cache=True)
+    plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
+    with watch_caches(target):
+        spec = generate(target, prompt, max_new_tokens=n_new, draft=drafter, policy="exact", gamma=gamma, eos_token_ids=[])
+    assert spec.tokens == plain.tokens
+    assert drafter.sharing and spec.stats["draft_shares_target_cache"]
+    # no draft prefill, no catch-up: one forward per fed token (the last one, then d_1..d_{g-1})
+    assert spec.stats["draft_forwards"] == spec.stats["num_drafted"]
+
+
+def test_a_shared_cache_draft_of_another_dtype_falls_back_to_its_own_cache():
+    target = random_model(tiny_config(), 0)  # float64: its cache is float64
+    drafter = make_drafter("self:bf16", target)  # a bfloat16 copy: its cache would be bfloat16
+    out = generate(target, [1, 2, 3], max_new_tokens=8, draft=drafter, gamma=3, eos_token_ids=[])
+    assert drafter.share_cache and not drafter.sharing and not out.stats["draft_shares_target_cache"]
+    assert out.tokens == generate(target, [1, 2, 3], max_new_tokens=8, eos_token_ids=[]).tokens

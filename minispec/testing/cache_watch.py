@@ -31,11 +31,16 @@ def recompute_cache(model, tokens: list[int], num_layers: int | None, max_seq_le
 
 
 def assert_cache_matches(model, cache: KVCache, tokens: list[int], num_layers: int | None = None, atol: float = 1e-9) -> None:
-    """The cache's valid region equals a from-scratch recomputation over `tokens`."""
+    """The cache's valid region equals a from-scratch recomputation over `tokens`.
+
+    With num_layers = N (an early-exit call) only the first N layers are compared: that call
+    reads no others (an early-exit draft sharing the target's cache leaves the deeper layers of
+    its draft positions unwritten; the target's next pass writes them before reading them).
+    """
     if cache.length != len(tokens):
         raise CacheMismatch(f"cache.length = {cache.length}, but {len(tokens)} tokens were committed")
     fresh = recompute_cache(model, tokens, num_layers, cache.max_seq_len)
-    for layer in range(cache.num_layers):
+    for layer in range(num_layers or cache.num_layers):
         for name, got, want in (("k", cache.k[layer], fresh.k[layer]), ("v", cache.v[layer], fresh.v[layer])):
             diff = (got[:, :, : cache.length] - want[:, :, : cache.length]).abs()
             if diff.numel() and diff.max().item() > atol:
