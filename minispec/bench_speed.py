@@ -9,7 +9,9 @@ as ratios against baselines from the same run (medians over prompts):
    with the packed oneDNN kernel; the faster one is the bandwidth B. The bound for plain decoding is
    B / weights_bytes tokens/s (every weight is read once per token).
 2. Plain greedy decoding, float32 and bfloat16, of minispec's reference path ("before": model.py as
-   written), minispec's fast path ("after": minispec.fast.optimize) and transformers' `generate`,
+   written), minispec's fast path ("after": minispec.fast.optimize), the compiled path
+   (minispec.compiled: opt-in, compiled before timing; its compile seconds are reported) and
+   transformers' `generate`,
    on short chat prompts and Spec-Bench summarization prompts, a fixed number of new tokens
    (eos ignored, so every system does the same work). End-to-end tokens/s (prefill included),
    decode-only tokens/s and its fraction of the bound, and prefill tokens/s (one forward over the
@@ -17,7 +19,8 @@ as ratios against baselines from the same run (medians over prompts):
 3. Speculative decoding at temperature 0 with the exact policy on Spec-Bench summarization and RAG
    prompts (stops at eos): n-gram prompt lookup and the bf16 / int8 self-drafts at several gamma, against
    our own plain decoding (same dtype, fast path) and transformers' plain and prompt-lookup
-   generation. Outputs are checked to equal plain greedy decoding's.
+   generation; n-gram also on the compiled path, against the compiled path's plain decoding.
+   Outputs are checked to equal plain greedy decoding's.
 4. DropMatch (K=5, p=0.3): its extra cost as a share of a verify step. (a) Eager (all paths in the
    verify's head call): head(h) vs policy.head_logits(h, head) on (gamma+1)-row hidden states.
    (b) In real loops, eager and lazy (paths only where a verdict needs them): an exact-policy
@@ -106,12 +109,33 @@ def weights_bytes(model) -> int:
     return total
 
 
-def load_systems(ckpt: Path, dtype: torch.dtype, with_transformers: bool) -> dict:
+def load_compiled(ckpt: Path, dtype: torch.dtype, warm_up_rows: tuple[int, ...] = (1,)) -> tuple:
+    """A compiled-path model with its graphs compiled before anything is timed; returns (model,
+    compile seconds). Warms up a decode step and a pass of each of `warm_up_rows`, on two caches
+    of different sizes: dynamo first specializes on the shapes it sees and recompiles with
+    dynamic sizes when they change, which would otherwise happen inside a timed run."""
+    import minispec
+    from minispec import compiled
+
+    model = compiled.compile_model(minispec.load_model(ckpt, dtype=dtype))
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for max_len in (40, 56):
+            cache = model.new_cache(1, max_len)
+            model.head(model.forward_hidden(torch.ones(1, 4, dtype=torch.long), cache)[0, -1])  # eager prefill
+            for rows in (1, 1, *warm_up_rows):
+                model(torch.ones(1, rows, dtype=torch.long), cache)  # a decode step or a verify-shaped pass
+    return model, time.perf_counter() - t0
+
+
+def load_systems(ckpt: Path, dtype: torch.dtype, with_transformers: bool, with_compiled: bool = False) -> dict:
     import minispec
     from minispec import fast
 
     systems = {"reference": minispec.load_model(ckpt, dtype=dtype),
                "fast": fast.optimize(minispec.load_model(ckpt, dtype=dtype))}
+    if with_compiled:
+        systems["compiled"], systems["compile_seconds"] = load_compiled(ckpt, dtype)
     if with_transformers:
         from minispec.bench import load_transformers
 
@@ -176,8 +200,9 @@ def bench_plain(systems: dict, prompts: dict[str, list[list[int]]], new_tokens: 
 
 
 def bench_speculative(ckpt: Path, dtype: torch.dtype, prompts: dict[str, list[list[int]]], gammas: list[int],
-                      max_new_tokens: int, eos: list[int], hf) -> list[dict]:
-    """Plain vs drafters (exact policy, T=0) on our fast path; transformers plain and prompt lookup."""
+                      max_new_tokens: int, eos: list[int], hf, with_compiled: bool = False) -> list[dict]:
+    """Plain vs drafters (exact policy, T=0) on our fast path, and plain vs n-gram on the compiled
+    path (system "minispec-compiled"); transformers plain and prompt lookup."""
     import minispec
     from minispec import fast
     from minispec.drafters import make_drafter
@@ -191,6 +216,10 @@ def bench_speculative(ckpt: Path, dtype: torch.dtype, prompts: dict[str, list[li
     fast.optimize(model)
     for drafter in drafters.values():
         fast.optimize_drafter(drafter)
+    targets = {"minispec": (model, drafters)}
+    if with_compiled:
+        compiled_model, _ = load_compiled(ckpt, dtype, warm_up_rows=(1, *(g + 1 for g in gammas)))
+        targets["minispec-compiled"] = (compiled_model, {"ngram": drafters["ngram"]})
 
     records = []
     for set_name, prompt_list in prompts.items():
@@ -203,13 +232,14 @@ def bench_speculative(ckpt: Path, dtype: torch.dtype, prompts: dict[str, list[li
                                 "decode_tps": None if stats is None else stats["decode_tokens_per_second"]})
 
             with torch.inference_mode():
-                plain = generate(model, ids, max_new_tokens=max_new_tokens, eos_token_ids=eos)
-                record("minispec", "plain", None, plain.tokens, plain.stats["total_seconds"], plain.stats)
-                for dname, drafter in drafters.items():
-                    for gamma in gammas:
-                        out = generate(model, ids, max_new_tokens=max_new_tokens, draft=drafter, policy="exact",
-                                       gamma=gamma, eos_token_ids=eos)
-                        record("minispec", dname, gamma, out.tokens, out.stats["total_seconds"], out.stats)
+                for system, (target, target_drafters) in targets.items():
+                    plain = generate(target, ids, max_new_tokens=max_new_tokens, eos_token_ids=eos)
+                    record(system, "plain", None, plain.tokens, plain.stats["total_seconds"], plain.stats)
+                    for dname, drafter in target_drafters.items():
+                        for gamma in gammas:
+                            out = generate(target, ids, max_new_tokens=max_new_tokens, draft=drafter, policy="exact",
+                                           gamma=gamma, eos_token_ids=eos)
+                            record(system, dname, gamma, out.tokens, out.stats["total_seconds"], out.stats)
             if hf is not None:
                 run = plain_run("transformers", hf, ids, max_new_tokens, eos)
                 record("transformers", "plain", None, run["tokens"], run["seconds"])
@@ -357,6 +387,10 @@ def memory_child(ckpt: str, dtype_name: str, kernels: str, ids: list[int], new_t
     if kernels == "fast":
         fast.optimize(model)
         fast.optimize_drafter(drafter)
+    elif kernels == "compiled":  # compiles inside generate: the compiler's own memory is in the peak
+        from minispec import compiled
+
+        compiled.compile_model(model)
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
     after_load_kib = _rss_kib("VmRSS")
     with torch.inference_mode():
@@ -378,11 +412,11 @@ def memory_child(ckpt: str, dtype_name: str, kernels: str, ids: list[int], new_t
             "tokens": len(result.tokens)}
 
 
-def measure_memory(ckpt: Path, ids: list[int], new_tokens: int) -> list[dict]:
+def measure_memory(ckpt: Path, ids: list[int], new_tokens: int, with_compiled: bool = False) -> list[dict]:
     rows = []
     for dtype_name in DTYPES:
-        for kernels in ("reference", "fast"):
-            for draft in ([None, "self:bf16"] if dtype_name == "float32" else [None]):
+        for kernels in ("reference", "fast", "compiled") if with_compiled else ("reference", "fast"):
+            for draft in ([None, "self:bf16"] if dtype_name == "float32" and kernels != "compiled" else [None]):
                 code = ("import json,sys; from minispec.bench_speed import memory_child; "
                         "print(json.dumps(memory_child(*json.loads(sys.argv[1]))))")
                 arg = json.dumps([str(ckpt), dtype_name, kernels, ids, new_tokens, draft])
@@ -405,12 +439,14 @@ def summarise_plain(records: list[dict], wbytes: dict, bandwidth: float) -> list
             bound = bandwidth / wbytes[dtype_name]
             row = {"dtype": dtype_name, "set": set_name, "bound_tps": bound,
                    "prompt_tokens": _median(r["prompt_tokens"] for r in group)}
-            for system in ("reference", "fast", "transformers"):
+            for system in ("reference", "fast", "compiled", "transformers"):
                 row[f"{system}_tps"] = med(system, "tps")
                 row[f"{system}_decode_tps"] = med(system, "decode_tps")
                 row[f"{system}_prefill_tps"] = med(system, "prefill_tps")
             hf = row["transformers_tps"]
-            for system in ("reference", "fast"):
+            for system in ("reference", "fast", "compiled"):
+                if row[f"{system}_tps"] is None:
+                    continue
                 row[f"{system}_vs_hf"] = None if not hf or row[f"{system}_tps"] is None else row[f"{system}_tps"] / hf
                 row[f"{system}_of_bound"] = None if row[f"{system}_decode_tps"] is None else row[f"{system}_decode_tps"] / bound
                 hfp = row["transformers_prefill_tps"]
@@ -418,6 +454,9 @@ def summarise_plain(records: list[dict], wbytes: dict, bandwidth: float) -> list
             # tokens identical to the reference path's (greedy: the same up to near-ties in bf16)
             ref = {r["prompt"]: r["tokens"] for r in group if r["system"] == "reference"}
             row["fast_same_tokens"] = sum(r["tokens"] == ref[r["prompt"]] for r in group if r["system"] == "fast")
+            fast_tokens = {r["prompt"]: r["tokens"] for r in group if r["system"] == "fast"}
+            row["compiled_same_as_fast"] = sum(r["tokens"] == fast_tokens[r["prompt"]] for r in group
+                                               if r["system"] == "compiled")
             row["prompts"] = len(ref)
             rows.append(row)
     return rows
@@ -428,11 +467,13 @@ def summarise_speculative(records: list[dict]) -> list[dict]:
     keys = sorted({(r["dtype"], r["set"]) for r in records})
     for dtype_name, set_name in keys:
         group = [r for r in records if r["dtype"] == dtype_name and r["set"] == set_name]
-        plain = {r["prompt"]: r for r in group if r["system"] == "minispec" and r["drafter"] == "plain"}
+        plains = {system: {r["prompt"]: r for r in group if r["system"] == system and r["drafter"] == "plain"}
+                  for system in {r["system"] for r in group}}
         hf_plain_tps = _median(r["tps"] for r in group if r["system"] == "transformers" and r["drafter"] == "plain")
         configs = sorted({(r["system"], r["drafter"], r["gamma"] or 0) for r in group})
         for system, drafter, gamma in configs:
             sel = [r for r in group if (r["system"], r["drafter"], r["gamma"] or 0) == (system, drafter, gamma)]
+            plain = plains[system] if system.startswith("minispec") else plains["minispec"]  # same kernels
             tps = _median(r["tps"] for r in sel)
             decode_tps = _median(r.get("decode_tps") for r in sel)
             plain_decode = _median(r.get("decode_tps") for r in plain.values())
@@ -444,14 +485,16 @@ def summarise_speculative(records: list[dict]) -> list[dict]:
                 "vs_hf_plain": None if not hf_plain_tps else tps / hf_plain_tps,
                 "same_as_plain": sum(r["tokens"] == plain[r["prompt"]]["tokens"] for r in sel), "prompts": len(sel),
             })
-        ours = [r for r in rows if r["dtype"] == dtype_name and r["set"] == set_name and r["system"] == "minispec"
-                and r["drafter"] != "plain"]
+        ours = [r for r in rows if r["dtype"] == dtype_name and r["set"] == set_name
+                and r["system"].startswith("minispec") and r["drafter"] != "plain"]
         hf_pl = [r for r in rows if r["dtype"] == dtype_name and r["set"] == set_name and r["drafter"] == "prompt-lookup"]
         if ours and hf_pl:
             best, best_hf = max(ours, key=lambda r: r["tps"]), max(hf_pl, key=lambda r: r["tps"])
             for r in rows:
                 if r["dtype"] == dtype_name and r["set"] == set_name:
                     r["best_ours_vs_best_hf_prompt_lookup"] = best["tps"] / best_hf["tps"]
+                    r["best_ours_config"] = f"{best['system']} {best['drafter']} g{best['gamma']}"
+                    r["best_hf_config"] = f"prompt-lookup g{best_hf['gamma']}"
     return rows
 
 
@@ -479,6 +522,21 @@ def render(result: dict) -> str:
                      f"| **{fmt(r['fast_vs_hf'], '.2f', 'x')}** | {fmt(r['reference_of_bound'], '.0%')} "
                      f"| **{fmt(r['fast_of_bound'], '.0%')}** | **{fmt(r['fast_prefill_vs_hf'], '.2f', 'x')}** "
                      f"| {fmt(r['reference_prefill_vs_hf'], '.2f', 'x')} | {r['fast_same_tokens']}/{r['prompts']} |")
+    if any(r.get("compiled_tps") for r in result["plain"]):
+        compile_s = m.get("compile_seconds", {})
+        lines += ["", "Compiled path (minispec.compiled, opt-in: `--kernels compiled`), same prompts, interleaved with "
+                  "the rows above; compiled before timing (decode step: "
+                  + ", ".join(f"{d} {v:.0f} s" for d, v in compile_s.items()) + " of compiling in this process).", "",
+                  "| dtype | prompts | compiled tok/s | compiled / hf | compiled / fast | compiled decode tok/s "
+                  "| compiled of bound | prefill compiled / hf | compiled = fast tokens |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in result["plain"]:
+            lines.append(f"| {r['dtype']} | {r['set']} | {fmt(r.get('compiled_tps'), '.1f')} "
+                         f"| **{fmt(r.get('compiled_vs_hf'), '.2f', 'x')}** "
+                         f"| {fmt(r['compiled_tps'] / r['fast_tps'] if r.get('compiled_tps') else None, '.2f', 'x')} "
+                         f"| {fmt(r.get('compiled_decode_tps'), '.1f')} | **{fmt(r.get('compiled_of_bound'), '.0%')}** "
+                         f"| {fmt(r.get('compiled_prefill_vs_hf'), '.2f', 'x')} "
+                         f"| {r.get('compiled_same_as_fast', 0)}/{r['prompts']} |")
     lines += ["", "## Speculative decoding, T=0, exact policy (fast path; stops at eos)", "",
               "tok/s is end to end (prefill included); decode tok/s counts the tokens after the prefill's "
               "first one over the time after the target's prefill (a model drafter's own prefill falls in it).", "",
@@ -494,10 +552,11 @@ def render(result: dict) -> str:
     best = {}
     for r in result["speculative"]:
         if "best_ours_vs_best_hf_prompt_lookup" in r:
-            best[(r["dtype"], r["set"])] = r["best_ours_vs_best_hf_prompt_lookup"]
+            best[(r["dtype"], r["set"])] = (r["best_ours_vs_best_hf_prompt_lookup"], r.get("best_ours_config", "?"),
+                                            r.get("best_hf_config", "?"))
     if best:
         lines += ["", "Best minispec speculative config / best transformers prompt-lookup config (tok/s): "
-                  + "; ".join(f"{d} {s}: **{v:.2f}x**" for (d, s), v in best.items())]
+                  + "; ".join(f"{d} {s}: **{v:.2f}x** ({ours} / {theirs})" for (d, s), (v, ours, theirs) in best.items())]
     if result["dropmatch"]:
         lines += ["", "## DropMatch (K=5, p=0.3), eager: extra LM-head rows as a share of a verify step", "",
                   "The head call alone (head(h) vs policy.head_logits(h, head) with lazy=False); the JS test and "
@@ -549,6 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="2 prompts per set, 32 tokens, one gamma, no memory section")
     p.add_argument("--no-transformers", dest="transformers", action="store_false")
     p.add_argument("--no-memory", dest="memory", action="store_false")
+    p.add_argument("--no-compiled", dest="compiled", action="store_false",
+                   help="leave out the compiled path (minispec.compiled; compiling takes minutes)")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--sections", type=_sections, default=SECTIONS,
                    help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
@@ -595,7 +656,9 @@ def run(args) -> dict:
         hf = None
         if "plain" in sections:
             print(f"bench_speed: plain decoding, {dtype_name} ...", file=sys.stderr)
-            systems = load_systems(ckpt, dtype, args.transformers)
+            systems = load_systems(ckpt, dtype, args.transformers, with_compiled=args.compiled)
+            if "compile_seconds" in systems:
+                meta.setdefault("compile_seconds", {})[dtype_name] = systems.pop("compile_seconds")
             wbytes[dtype_name] = weights_bytes(systems["reference"])
             plain += [{"dtype": dtype_name, **r} for r in bench_plain(systems, plain_prompts, new_tokens, args.reps)]
             hf = systems.get("transformers")
@@ -605,7 +668,8 @@ def run(args) -> dict:
                 hf = load_transformers(ckpt, dtype)
             print(f"bench_speed: speculative, {dtype_name} ...", file=sys.stderr)
             speculative += [{"dtype": dtype_name, **r}
-                            for r in bench_speculative(ckpt, dtype, spec, gammas, spec_tokens, eos, hf)]
+                            for r in bench_speculative(ckpt, dtype, spec, gammas, spec_tokens, eos, hf,
+                                                       with_compiled=args.compiled)]
         del hf
         if "dropmatch" in sections:
             print(f"bench_speed: DropMatch overhead, {dtype_name} ...", file=sys.stderr)
@@ -617,7 +681,7 @@ def run(args) -> dict:
     memory = []
     if "memory" in sections and args.memory and not args.quick:
         print("bench_speed: memory ...", file=sys.stderr)
-        memory = measure_memory(ckpt, spec["summarization"][0], new_tokens)
+        memory = measure_memory(ckpt, spec["summarization"][0], new_tokens, with_compiled=args.compiled)
     meta["seconds"] = time.perf_counter() - t_start
     return {"meta": meta, "bandwidth": bandwidth, "weights_bytes": wbytes,
             "plain": summarise_plain(plain, wbytes, bandwidth["bandwidth_gbps"] * 1e9),

@@ -28,7 +28,8 @@ has the numbers and `python -m minispec.bench_speed` re-measures them):
    are handed back to the OS.
 
 `optimize(model, weights="int8")` is the int8 self-draft's variant (`Int8Linear`: weight-only
-int8, lossy; see drafters.self_draft).
+int8, lossy; see drafters.self_draft). `optimize(model, weights="dense")` keeps plain weights
+(`DenseLinear`) for minispec.compiled, which lets TorchInductor choose their layout.
 
 What stays the same: parameter values (repacked), the KVCache, RoPE angles, the
 `forward_hidden` / `head` / `forward` signatures. What changes: the weights are no longer
@@ -119,7 +120,21 @@ class Int8Linear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-LINEAR_KINDS = {"packed": PackedLinear, "int8": Int8Linear}
+class DenseLinear(nn.Module):
+    """y = x @ W^T + b with W kept dense, as a frozen Parameter: the form torch.compile can see
+    (minispec.compiled). Eagerly it is F.linear; inductor with freezing repacks W itself."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.weight = nn.Parameter(weight.detach().contiguous().clone(), requires_grad=False)  # [out, in]
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)  # [..., in] -> [..., out]
+
+
+LINEAR_KINDS = {"packed": PackedLinear, "int8": Int8Linear, "dense": DenseLinear}
 
 
 def _cat_bias(*linears: nn.Linear) -> torch.Tensor | None:
@@ -208,8 +223,9 @@ class FastFinalNorm(nn.Module):
 def optimize(model: Transformer, weights: str = "packed") -> Transformer:
     """Rewrite `model` in place for fast CPU inference (see the module docstring); returns it.
 
-    weights: "packed" (the model's own values, oneDNN layout) or "int8" (weight-only int8 with
-    bf16 activations into the matmuls: lossy, for a self-draft). Raises ValueError for a dtype
+    weights: "packed" (the model's own values, oneDNN layout), "int8" (weight-only int8 with
+    bf16 activations into the matmuls: lossy, for a self-draft) or "dense" (the model's own values
+    as plain frozen Parameters, the form minispec.compiled hands to torch.compile). Raises ValueError for a dtype
     oneDNN cannot pack (float64, float16) or a build without it. Idempotent: optimizing an
     optimized model does nothing.
     """

@@ -93,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--kernels", choices=["fast", "reference"], default="fast",
+    p.add_argument("--kernels", choices=["fast", "compiled", "reference"], default="fast",
                    help="fast: minispec.fast's packed, fused weights (float32/bfloat16 on CPU); "
+                        "compiled: the same blocks with decoding steps compiled by TorchInductor (faster "
+                        "decoding; compiles for minutes on first use and holds ~3-4x the weights' memory); "
                         "reference: model.py exactly as written")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
     s = p.add_argument_group("speculative decoding")
@@ -144,8 +146,16 @@ def run(args: GenerateArgs) -> dict:
     model = load_model(ckpt, dtype=DTYPES[args.dtype], device=device)
     tokenizer = load_tokenizer(ckpt)
     drafter = make_drafter(args.draft, model)  # before optimize: a self-draft copies the loaded weights
-    if args.kernels == "fast" and device.type == "cpu" and model.dtype in fast.SUPPORTED_DTYPES:
-        fast.optimize(model)
+    if args.kernels == "compiled" and (device.type != "cpu" or model.dtype not in fast.SUPPORTED_DTYPES):
+        raise MinispecError(f"--kernels compiled: needs --device cpu and --dtype float32 or bfloat16; "
+                            f"got {device.type} and {args.dtype}")
+    if args.kernels in ("fast", "compiled") and device.type == "cpu" and model.dtype in fast.SUPPORTED_DTYPES:
+        if args.kernels == "compiled":
+            from minispec import compiled
+
+            compiled.compile_model(model)
+        else:
+            fast.optimize(model)
         fast.optimize_drafter(drafter)
     policy = _policy(args)
     if args.chat:

@@ -32,6 +32,24 @@ def test_summarise_plain_takes_ratios_of_medians_and_the_bound():
         "plain": [row], "speculative": [], "dropmatch": [], "memory": []})
 
 
+def test_summarise_plain_reports_the_compiled_path_against_transformers_and_fast():
+    records = [
+        _plain("transformers", 0, 10.0, None, 100.0, [1, 2]), _plain("reference", 0, 11.0, 12.0, 100.0, [1, 2]),
+        _plain("fast", 0, 20.0, 24.0, 200.0, [1, 2]), _plain("compiled", 0, 35.0, 51.0, 190.0, [1, 3]),
+    ]
+    [row] = bench_speed.summarise_plain(records, {"float32": 1000}, bandwidth=68_000.0)  # bound: 68 tok/s
+    assert row["compiled_vs_hf"] == pytest.approx(3.5)
+    assert row["compiled_of_bound"] == pytest.approx(0.75)
+    assert row["compiled_prefill_vs_hf"] == pytest.approx(1.9)
+    assert row["compiled_same_as_fast"] == 0  # its second token differs
+    text = bench_speed.render({
+        "meta": {"command": "x", "machine": {"cpu": "c", "cores": 2, "torch": "t", "transformers": "h"}, "seconds": 1,
+                 "load_average": "0", "new_tokens": 2, "compile_seconds": {"float32": 42.0}},
+        "bandwidth": {"f_linear_gbps": 10.0, "packed_gbps": 20.0, "bandwidth_gbps": 20.0},
+        "plain": [row], "speculative": [], "dropmatch": [], "memory": []})
+    assert "float32 42 s of compiling" in text and "| float32 | chat | 35.0 | **3.50x** | 1.75x |" in text
+
+
 def test_summarise_speculative_compares_with_our_plain_and_the_best_prompt_lookup():
     def rec(system, drafter, gamma, prompt, tps, tokens):
         return {"dtype": "bfloat16", "set": "rag", "prompt": prompt, "system": system, "drafter": drafter,
@@ -44,6 +62,23 @@ def test_summarise_speculative_compares_with_our_plain_and_the_best_prompt_looku
     assert rows[("minispec", "ngram", 5)]["vs_our_plain"] == pytest.approx(1.8)
     assert rows[("minispec", "ngram", 5)]["best_ours_vs_best_hf_prompt_lookup"] == pytest.approx(2.0)
     assert rows[("transformers", "prompt-lookup", 3)]["same_as_plain"] == 0
+
+
+def test_summarise_speculative_measures_the_compiled_path_against_its_own_plain():
+    def rec(system, drafter, gamma, tps):
+        return {"dtype": "float32", "set": "rag", "prompt": 0, "system": system, "drafter": drafter,
+                "gamma": gamma, "prompt_tokens": 700, "new_tokens": 1, "tokens": [1], "tps": tps, "tau": None}
+
+    records = [rec("minispec", "plain", None, 10.0), rec("minispec", "ngram", 5, 15.0),
+               rec("minispec-compiled", "plain", None, 16.0), rec("minispec-compiled", "ngram", 5, 20.0),
+               rec("transformers", "plain", None, 5.0), rec("transformers", "prompt-lookup", 5, 8.0)]
+    rows = {(r["system"], r["drafter"], r["gamma"]): r for r in bench_speed.summarise_speculative(records)}
+    assert rows[("minispec-compiled", "ngram", 5)]["vs_our_plain"] == pytest.approx(20.0 / 16.0)
+    assert rows[("minispec", "ngram", 5)]["vs_our_plain"] == pytest.approx(1.5)
+    assert rows[("transformers", "prompt-lookup", 5)]["vs_our_plain"] == pytest.approx(0.8)  # vs the fast path's plain
+    best = rows[("minispec", "ngram", 5)]
+    assert best["best_ours_vs_best_hf_prompt_lookup"] == pytest.approx(2.5)
+    assert best["best_ours_config"] == "minispec-compiled ngram g5"
 
 
 def test_bad_flag_is_one_line_and_exit_2():

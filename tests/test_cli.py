@@ -67,6 +67,7 @@ def test_out_of_range_flags(capsys, argv, message):
         (["--policy", "nope", "--draft", "ngram"], "--policy = 'nope': unknown acceptance policy"),
         (["--draft", "bogus"], "--draft = 'bogus': unknown drafter"),
         (["--draft", "early-exit:30"], "expected an integer N with 1 <= N <= 29"),
+        (["--kernels", "compiled", "--dtype", "float64"], "--kernels compiled: needs --device cpu and --dtype float32 or bfloat16"),
     ],
 )
 def test_bad_names_for_policy_and_drafter(real_ckpt, capsys, argv, message):

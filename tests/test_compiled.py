@@ -1,0 +1,66 @@
+"""minispec.compiled: the compiled decoding steps compute the reference model's function.
+
+Compiling is slow (tens of seconds per graph on 2 cores, mostly autotuning and the C++
+compiler), so this is one fixed example, not a hypothesis search: a tiny Qwen3 (QK-norm,
+attention bias, tied head, GQA 4:1; a Llama block is the same code without QK-norm), float32,
+fed as a prefill, two decode steps,
+a verify-sized chunk, a rollback and a re-feed; then speculative == plain greedy through the
+compiled steps. Tolerance as for minispec.fast: 1e-4 * max(1, |logits|) (float32 kernels of
+different shapes sum in different orders).
+"""
+
+import copy
+
+import pytest
+import torch
+
+from minispec import compiled, fast
+from minispec.errors import MinispecError
+from minispec.speculative import generate
+from minispec.testing import random_model, tiny_config
+
+CONFIG = tiny_config(model_type="qwen3", qk_norm=True, attention_bias=True, tie_word_embeddings=True,
+                     hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=1, head_dim=16)
+
+
+def _tolerance(want: torch.Tensor) -> float:
+    return 1e-4 * max(1.0, want.abs().max().item())
+
+
+@pytest.fixture(scope="module")
+def pair():
+    reference = random_model(CONFIG, 0, dtype=torch.float32)
+    return reference, compiled.compile_model(copy.deepcopy(reference))
+
+
+def test_compiled_equals_reference_float32(pair):
+    reference, model = pair
+    cfg = reference.config
+    ids = torch.randint(0, cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = reference(ids)  # [1, 20, V]
+        cache = model.new_cache(1, 24)
+        chunks = [model(ids[:, :9], cache), model(ids[:, 9:10], cache), model(ids[:, 10:11], cache),
+                  model(ids[:, 11:16], cache)]  # prefill (eager), two decode steps, a 5-row verify
+        got = torch.cat(chunks, dim=1)
+        assert (got - want[:, :16]).abs().max().item() <= _tolerance(want)
+        cache.truncate(12)  # roll back and re-feed rows 12.. in one chunk
+        assert (model(ids[:, 12:], cache) - want[:, 12:]).abs().max().item() <= _tolerance(want)
+
+
+def test_speculative_on_the_compiled_path_equals_plain_greedy(pair):
+    reference, model = pair
+    prompt = torch.randint(0, reference.config.vocab_size, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    prompt = prompt + prompt  # repeats, so the n-gram drafter finds matches
+    want = generate(reference, prompt, max_new_tokens=30).tokens
+    assert generate(model, prompt, max_new_tokens=30).tokens == want
+    spec = generate(model, prompt, max_new_tokens=30, draft="ngram", policy="exact", gamma=4)
+    assert spec.tokens == want
+
+
+def test_compile_model_refuses_an_optimized_model_and_a_missing_compiler(monkeypatch):
+    with pytest.raises(MinispecError, match="already optimized by minispec.fast"):
+        compiled.compile_model(fast.optimize(random_model(tiny_config(), 0, dtype=torch.float32)))
+    monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
+    with pytest.raises(MinispecError, match="needs a C\\+\\+ compiler"):
+        compiled.compile_model(random_model(tiny_config(), 0, dtype=torch.float32))
