@@ -79,8 +79,10 @@ def _timed(fn, reps: int) -> float:
 # ------------------------------------------------------------------------------------ bandwidth
 
 
-def measure_bandwidth(reps: int = 15) -> dict:
-    """GB/s of a bf16 matrix-vector product over 256 MiB of weights (far larger than any cache)."""
+def measure_bandwidth(reps: int = 15, with_compiled: bool = False) -> dict:
+    """GB/s of a bf16 matrix-vector product over 256 MiB of weights (far larger than any cache):
+    F.linear, the packed oneDNN kernel and (with_compiled) TorchInductor's autotuned C++ kernel
+    with minispec.compiled's options; B is the fastest."""
     from minispec.fast import PackedLinear, packed_kernels_available
 
     weight = torch.randn(32768, 4096).to(torch.bfloat16)  # 256 MiB
@@ -92,6 +94,14 @@ def measure_bandwidth(reps: int = 15) -> dict:
         packed = PackedLinear(weight, None)
         del weight
         result["packed_gbps"] = nbytes / _timed(lambda: packed(x), reps) / 1e9
+        del packed
+    if with_compiled:
+        from minispec.compiled import INDUCTOR_OPTIONS
+
+        dense = torch.nn.Linear(4096, 32768, bias=False).to(torch.bfloat16).requires_grad_(False)
+        with torch.no_grad(), torch._inductor.config.patch(INDUCTOR_OPTIONS):
+            matvec = torch.compile(dense)
+            result["compiled_gbps"] = nbytes / _timed(lambda: matvec(x), reps) / 1e9
     result["bandwidth_gbps"] = max(v for k, v in result.items() if k.endswith("_gbps"))
     return result
 
@@ -508,7 +518,8 @@ def render(result: dict) -> str:
              f"`{m['command']}` — {m['machine']['cpu']}, {m['machine']['cores']} cores, torch {m['machine']['torch']}, "
              f"transformers {m['machine']['transformers']}, {m['seconds']:.0f} s, load average at start {m['load_average']}.", "",
              f"Streaming bandwidth (bf16 matrix-vector product, 256 MiB): F.linear {bw['f_linear_gbps']:.1f} GB/s, "
-             f"packed oneDNN {fmt(bw.get('packed_gbps'), '.1f')} GB/s; B = {bw['bandwidth_gbps']:.1f} GB/s.", "",
+             f"packed oneDNN {fmt(bw.get('packed_gbps'), '.1f')} GB/s, compiled (TorchInductor) "
+             f"{fmt(bw.get('compiled_gbps'), '.1f')} GB/s; B = {bw['bandwidth_gbps']:.1f} GB/s.", "",
              "## Plain greedy decoding", "",
              f"{m['new_tokens']} new tokens (eos ignored), median over prompts. tok/s is end to end (prefill included); "
              "'of bound' is decode-only tok/s over B / weights_bytes; prefill is one forward over the prompt.", "",
@@ -648,7 +659,7 @@ def run(args) -> dict:
     meta = {"command": "python -m minispec.bench_speed " + " ".join(sys.argv[1:]), "machine": machine_info(),
             "load_average": _load_average(), "new_tokens": new_tokens, "spec_tokens": spec_tokens, "gammas": gammas}
     print(f"bench_speed: {n} prompts per set; bandwidth ...", file=sys.stderr)
-    bandwidth = measure_bandwidth()
+    bandwidth = measure_bandwidth(with_compiled=args.compiled and "plain" in args.sections)
     plain, speculative, dropmatch, dropmatch_loop, wbytes = [], [], [], [], {}
     sections = args.sections
     for dtype_name in DTYPES:
