@@ -18,7 +18,8 @@ import minispec.acceptance as acceptance
 from minispec.acceptance import (AcceptancePolicy, Decision, DropMatch, ExactMatch, PolicyInputError,
                                  SpeculativeSampling, TypicalAcceptance, VerifyInput, check_input, first_rejection,
                                  register)
-from minispec.acceptance.dropmatch import DropoutPaths, js_divergence, vote_acceptances
+from minispec.acceptance.dropmatch import (LN2, DropoutPaths, draft_votes, js_acceptances, js_divergence, js_to_one_hot,
+                                          vote_acceptances)
 from minispec.acceptance.exact import greedy_acceptances
 from minispec.acceptance.sampling import acceptance_probability, residual_distribution, sample_acceptances
 from minispec.acceptance.typical import typical_acceptances
@@ -670,3 +671,80 @@ def test_dropmatch_same_seed_same_decision_at_temperature_one():
         return outcomes
 
     assert run(0) == run(0)
+
+
+# ============================================================================== DropMatch: its shortcuts equal the definitions
+
+
+def _js_test_by_definition(path_logits, centroid_logits, draft_probs, temperature):
+    """Algorithm 1's JS test as written: K JS divergences over the whole vocabulary -> [n] bool."""
+    centroid_probs = torch.softmax(centroid_logits / temperature, dim=-1)  # [n, V]
+    radius = js_divergence(torch.softmax(path_logits / temperature, dim=-1), centroid_probs.unsqueeze(0)).amax(0)
+    return js_divergence(draft_probs, centroid_probs) <= radius  # [n]
+
+
+@st.composite
+def js_test_cases(draw):
+    """Path logits [K, n, V] spread around a base by a drawn amount (0: the radius is 0), their
+    centroid, and a draft: one-hot (n-gram), a soft q (model draft), q = pbar (JS 0), or q near
+    one path (accepted, and with a large spread close to the TV bound)."""
+    num_paths, n, vocab = draw(st.integers(1, 5)), draw(st.integers(1, 3)), draw(st.integers(2, 40))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    base = draw(st.sampled_from([0.5, 2.0, 8.0])) * torch.randn(1, n, vocab, generator=gen, dtype=F64)
+    spread = draw(st.sampled_from([0.0, 0.01, 0.3, 3.0]))
+    path_logits = base + spread * torch.randn(num_paths, n, vocab, generator=gen, dtype=F64)  # [K, n, V]
+    centroid_logits = path_logits.mean(dim=0)  # [n, V]
+    temperature = draw(st.sampled_from([0.5, 1.0, 2.0]))
+    kind = draw(st.sampled_from(["one-hot", "soft", "centroid", "near a path"]))
+    if kind == "near a path":  # 0.9 p_k + 0.1 pbar: JS <= 0.9 JS(p_k || pbar) (convexity), so accepted with room
+        path_probs = torch.softmax(path_logits[draw(st.integers(0, num_paths - 1))] / temperature, dim=-1)  # [n, V]
+        draft_probs = 0.9 * path_probs + 0.1 * torch.softmax(centroid_logits / temperature, dim=-1)  # [n, V]
+        draft_tokens = draft_probs.argmax(-1)
+    elif kind == "one-hot":
+        draft_tokens = torch.randint(0, vocab, (n,), generator=gen)
+        draft_probs = torch.nn.functional.one_hot(draft_tokens, vocab).to(F64)  # [n, V]
+    else:
+        noise = 0.0 if kind == "centroid" else draw(st.sampled_from([0.05, 1.0]))
+        draft_probs = torch.softmax((centroid_logits + noise * torch.randn(n, vocab, generator=gen, dtype=F64))
+                                    / temperature, dim=-1)  # [n, V]
+        draft_tokens = draft_probs.argmax(-1)
+    return path_logits, centroid_logits, draft_probs, temperature, draft_tokens
+
+
+@given(case=js_test_cases())
+def test_js_test_with_its_tv_bound_and_one_hot_form_decides_as_the_definition(case):
+    # float64: the shortcuts' round-off (~1e-16) is far below RADIUS_BOUND_SLACK, so every decision
+    # must be the definition's.
+    path_logits, centroid_logits, draft_probs, temperature, draft_tokens = case
+    expected = _js_test_by_definition(path_logits, centroid_logits, draft_probs, temperature)
+    assert torch.equal(js_acceptances(path_logits, centroid_logits, draft_probs, temperature, draft_tokens), expected)
+    assert torch.equal(js_acceptances(path_logits, centroid_logits, draft_probs, temperature), expected)
+
+
+@given(case=js_test_cases())
+def test_js_is_at_most_ln2_times_total_variation(case):
+    # The inequality js_acceptances relies on, JS(a || b) <= ln 2 * TV(a, b), on random pairs
+    # (float64; 1e-12 absorbs the sums' round-off).
+    path_logits, centroid_logits, draft_probs, temperature, _ = case
+    a, b = torch.softmax(path_logits / temperature, dim=-1), draft_probs.unsqueeze(0)  # [K, n, V], [1, n, V]
+    total_variation = 0.5 * (a - b).abs().sum(dim=-1)  # [K, n]
+    assert bool((js_divergence(a, b) <= LN2 * total_variation + 1e-12).all())
+
+
+@given(prob=st.floats(0.0, 1.0), vocab=st.integers(2, 6), seed=st.integers(0, 1000))
+def test_js_to_a_one_hot_needs_only_the_probability_at_the_draft(prob, vocab, seed):
+    # Any distribution b with b[d] = prob: the rest of b does not matter (float64, 1e-12: round-off).
+    rest = torch.rand(vocab - 1, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    b = torch.cat([torch.tensor([prob], dtype=F64), (1 - prob) * rest / rest.sum()])  # [V], b[0] = prob
+    one_hot = torch.nn.functional.one_hot(torch.tensor(0), vocab).to(F64)  # [V]
+    assert math.isclose(float(js_to_one_hot(torch.tensor(prob, dtype=F64))), float(js_divergence(one_hot, b)),
+                        abs_tol=1e-12)
+
+
+@given(seed=st.integers(0, 2**31), num_paths=st.integers(1, 5), n=st.integers(1, 3), vocab=st.integers(2, 6))
+def test_draft_votes_count_the_heads_whose_argmax_is_the_draft_lowest_id_on_ties(seed, num_paths, n, vocab):
+    gen = torch.Generator().manual_seed(seed)
+    path_logits = torch.randint(0, 3, (num_paths, n, vocab), generator=gen).to(F64)  # small integers: many ties
+    draft_tokens = torch.randint(0, vocab, (n,), generator=gen)
+    expected = (path_logits.argmax(-1) == draft_tokens).sum(dim=0)  # torch.argmax: the lowest id on ties
+    assert torch.equal(draft_votes(path_logits, draft_tokens), expected)
