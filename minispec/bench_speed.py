@@ -128,14 +128,7 @@ def load_compiled(ckpt: Path, dtype: torch.dtype, warm_up_rows: tuple[int, ...] 
     from minispec import compiled
 
     model = compiled.compile_model(minispec.load_model(ckpt, dtype=dtype))
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        for max_len in (40, 56):
-            cache = model.new_cache(1, max_len)
-            model.head(model.forward_hidden(torch.ones(1, 4, dtype=torch.long), cache)[0, -1])  # eager prefill
-            for rows in (1, 1, *warm_up_rows):
-                model(torch.ones(1, rows, dtype=torch.long), cache)  # a decode step or a verify-shaped pass
-    return model, time.perf_counter() - t0
+    return model, compiled.warm_up(model, verify_rows=tuple(r for r in warm_up_rows if r > 1))
 
 
 def load_systems(ckpt: Path, dtype: torch.dtype, with_transformers: bool, with_compiled: bool = False) -> dict:

@@ -23,8 +23,9 @@ What it costs, and why it is opt-in (`--compile` in the CLI, `compile_model` her
   3.5-3.7x weights + KV cache (measured), against 1.0-1.2x for the eager fast path.
 - A C++ compiler on the machine.
 - Dynamo specialises on the first shapes it sees: a second generation with a different cache
-  size recompiles once, with dynamic sizes (benchmarks warm up on two sizes first, see
-  bench_speed.load_compiled).
+  size recompiles once, with dynamic sizes, and the verify graph's matmuls are tuned for the
+  first verify row count. `warm_up` compiles everything first, for the run's gamma + 1 (the CLI
+  and the benchmarks call it).
 
 What is compiled: `forward_hidden` for decoding steps only, i.e. T <= MAX_COMPILED_ROWS new
 tokens appended to a non-empty cache through all layers (plain decoding T = 1, a verify pass
@@ -39,6 +40,8 @@ from __future__ import annotations
 
 import functools
 import shutil
+import time
+from typing import Sequence
 
 import torch
 
@@ -87,6 +90,29 @@ def compile_model(model: Transformer) -> Transformer:
     model.forward_hidden, model.head = forward_hidden, head  # instance attributes shadow the methods
     model.compiled = True
     return model
+
+
+def warm_up(model: Transformer, verify_rows: Sequence[int] = ()) -> float:
+    """Compile the graphs a generation will use before it starts; returns the seconds it took.
+
+    Dynamo specialises on the first shapes it sees, which matters twice here:
+    - the first cache size is compiled as a constant, and a generation with another size
+      recompiles once with dynamic sizes: so the steps run on two caches of different sizes;
+    - one graph serves every verify pass of 2..MAX_COMPILED_ROWS rows, and its matmuls are
+      autotuned for the row count it first sees (bf16, ~850 tokens of context: tuned at 4 rows,
+      passes of 6 / 9 rows took 30 / 44 ms; with graphs tuned per row count, 28 / 32 ms). So
+      pass the run's gamma + 1 first in `verify_rows`.
+    A decode step (1 row; its own graph) always runs. Everything happens on throwaway caches.
+    """
+    rows_each = (1, 1, *verify_rows)  # decode steps, then verify-shaped passes
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for max_len in (40, 56):  # two cache sizes
+            cache = model.new_cache(1, max_len + sum(rows_each))
+            model.head(model.forward_hidden(torch.ones(1, 4, dtype=torch.long), cache)[0, -1])  # the prefill: eager
+            for rows in rows_each:
+                model(torch.ones(1, rows, dtype=torch.long), cache)
+    return time.perf_counter() - t0
 
 
 # Dynamo keeps compiled graphs per code object: every compiled model's forward_hidden shares

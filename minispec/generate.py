@@ -154,6 +154,9 @@ def run(args: GenerateArgs) -> dict:
             from minispec import compiled
 
             compiled.compile_model(model)
+            if not args.json:
+                print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
+            compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
         else:
             fast.optimize(model)
         fast.optimize_drafter(drafter)

@@ -64,3 +64,18 @@ def test_compile_model_refuses_an_optimized_model_and_a_missing_compiler(monkeyp
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
     with pytest.raises(MinispecError, match="needs a C\\+\\+ compiler"):
         compiled.compile_model(random_model(tiny_config(), 0, dtype=torch.float32))
+
+
+def test_warm_up_compiles_every_graph_a_generation_uses(pair):
+    # A fresh compiled model (its own graphs), warmed up for gamma + 1 = 5 rows: a generation with
+    # another cache size, decode steps, verify passes of 5 rows and of fewer (n-gram misses) then
+    # compiles nothing. Without warm_up, dynamo would compile (here: raise) inside the generation.
+    reference, _ = pair
+    model = compiled.compile_model(copy.deepcopy(reference))
+    assert compiled.warm_up(model, verify_rows=(5,)) > 0
+    prompt = torch.randint(0, reference.config.vocab_size, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        generate(model, prompt * 3, max_new_tokens=20)
+        spec = generate(model, prompt * 3, max_new_tokens=20, draft="ngram", policy="exact", gamma=4)
+    assert spec.tokens == generate(reference, prompt * 3, max_new_tokens=20).tokens
+    assert spec.stats["num_drafted"] > 0  # the verify passes ran
