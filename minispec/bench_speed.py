@@ -27,6 +27,8 @@ as ratios against baselines from the same run (medians over prompts):
    n-gram run records every verify step's LM-head input and policy input; each step is then
    replayed through exact (head + decide) and through DropMatch (head_logits + decide), and the
    extra time, summed over all steps, is divided by the run's own verify time (forward + head).
+   On the fast path, and on the compiled path unless --no-compiled (its verify is cheaper, and
+   so is its head).
 5. Peak memory of generation (a fresh subprocess per configuration): the rise of the peak
    resident set size over the process's size before the model was loaded, against
    weights_bytes + kv_cache_bytes.
@@ -681,6 +683,10 @@ def run(args) -> dict:
             model = fast.optimize(minispec.load_model(ckpt, dtype=dtype))
             dropmatch_loop += [{"dtype": dtype_name, "kernels": "fast", **r}
                                for r in dropmatch_loop_overhead(model, spec["rag"], 5, spec_tokens, eos)]
+            if args.compiled:  # the head graphs: tuned at the verify's 6 rows (gamma 5), then dynamic
+                model, _ = load_compiled(ckpt, dtype, warm_up_rows=(1, 6))
+                dropmatch_loop += [{"dtype": dtype_name, "kernels": "compiled", **r}
+                                   for r in dropmatch_loop_overhead(model, spec["rag"], 5, spec_tokens, eos)]
             del model
     memory = []
     if "memory" in sections and args.memory and not args.quick:
