@@ -125,21 +125,23 @@ def js_to_one_hot(prob_at_draft: torch.Tensor) -> torch.Tensor:
 
 def js_acceptances(path_logits: torch.Tensor, centroid_logits: torch.Tensor, draft_probs: torch.Tensor,
                    temperature: float, draft_tokens: torch.Tensor | None = None) -> torch.Tensor:
-    """[n] bool: JS(q || pbar) <= max_k JS(p_k || pbar), all positions and paths at once.
+    """[n] bool: JS(q || pbar) <= max_k JS(p_k || pbar), i.e. some path's JS reaches the draft's.
 
     path_logits [K, n, V], centroid_logits [n, V] (mean_k l_k), draft_probs [n, V] (q),
-    draft_tokens [n] (d_i; when given and q is one-hot at d_i, JS(q || pbar) takes js_to_one_hot).
+    draft_tokens [n] (d_i; when given and q is one-hot at d_i, JS(q || pbar) is js_to_one_hot's).
 
-    The radius needs K JS divergences over the vocabulary, mostly logarithms. Two cheaper facts
-    decide most positions without them (exact, not approximations):
-      JS(a || b) <= ln 2 * TV(a, b),   TV(a, b) = 1/2 sum |a - b|
-    (per entry, f = 1/2 a ln(2a/(a+b)) + 1/2 b ln(2b/(a+b)) is convex along a + b = s, 0 at
-    a = b and 1/2 ln 2 * s at a = 0 or b = 0, so f <= its chords = 1/2 ln 2 |a - b|), so if JS(q || pbar) > ln 2 * max_k TV(p_k || pbar) the
-    radius is smaller still and the test rejects. So the exact JS is computed only for paths whose
-    bound reaches JS(q || pbar), largest TV first, and the first that reaches it accepts. The
-    margin RADIUS_BOUND_SLACK keeps that shortcut on the same side as the full float computation
-    (whose round-off is ~1e-6 at V = 49152). On real n-gram steps (SmolLM2, RAG prompts) this
-    computes ~1 in 9 of the K JS divergences.
+    The radius takes K JS divergences over the vocabulary, mostly logarithms. A cheap bound
+    decides most paths without theirs (exactly, not approximately):
+
+        JS(a || b) <= ln 2 * TV(a, b),   TV(a, b) = 1/2 sum_v |a_v - b_v|
+
+    Per entry, f(a, b) = 1/2 a ln(2a/(a+b)) + 1/2 b ln(2b/(a+b)) is convex along a + b = s, 0 at
+    a = b and 1/2 ln 2 * s at a = 0 or b = 0; so f lies below its chords, 1/2 ln 2 |a - b|.
+    A path whose bound is below JS(q || pbar) cannot reach it. So paths are taken largest TV
+    first, and the exact JS is computed only while the bound still reaches; the first path that
+    reaches JS(q || pbar) accepts. RADIUS_BOUND_SLACK keeps the shortcut on the side of the full
+    float computation (whose round-off is ~1e-6 at V = 49152). On real n-gram steps (SmolLM2,
+    RAG prompts) ~1 in 9 of the K divergences is computed.
     """
     centroid_probs = torch.softmax(centroid_logits / temperature, dim=-1)  # [n, V]: pbar
     if draft_tokens is not None and bool((draft_probs.gather(-1, draft_tokens[:, None]) == 1).all()):
@@ -170,7 +172,7 @@ def draft_votes(path_logits: torch.Tensor, draft_tokens: torch.Tensor) -> torch.
     row_max = path_logits.amax(dim=-1)  # [K, n]
     at_draft = path_logits.gather(-1, draft_tokens.expand(num_paths, n)[..., None])[..., 0]  # [K, n]
     chose = at_draft == row_max  # [K, n]
-    for k, i in chose.nonzero().tolist():  # rare: a lower id tying the maximum wins instead
+    for k, i in chose.nonzero().tolist():  # where d_i holds the maximum: does a lower id tie it (and win)?
         if bool((path_logits[k, i, : int(draft_tokens[i])] == row_max[k, i]).any()):
             chose[k, i] = False
     return chose.sum(dim=0)  # [n]
