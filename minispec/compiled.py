@@ -15,7 +15,7 @@ dispatcher and Python overhead. Two things only a compiler gives on CPU:
 Measured (docs/benchmarks.md, third session): decode tok/s 1.6-1.9x the eager fast path's;
 plain greedy decoding 2.5-2.9x transformers' in bf16 and 2.0-2.7x in fp32, end to end.
 
-What it costs, and why it is opt-in (`--compile` in the CLI, `compile_model` here):
+What it costs, and why it is opt-in (`--kernels compiled` in the CLI, `compile_model` here):
 - Compile time: the first decode step and the first verify pass each compile (tens of seconds
   to minutes with autotuning; inductor caches the results on disk for later processes).
 - Memory: freezing turns the weights into constants of each compiled graph, repacked; with
@@ -68,9 +68,9 @@ def compile_model(model: Transformer) -> Transformer:
     if getattr(model, "compiled", False):
         return model
     if getattr(model, "optimized", False):
-        raise MinispecError("--compile: the model is already optimized by minispec.fast; compile a freshly loaded model")
+        raise MinispecError("--kernels compiled: the model is already optimized by minispec.fast; compile a freshly loaded model")
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        raise MinispecError("--compile: TorchInductor needs a C++ compiler (c++ or g++ on PATH); none was found")
+        raise MinispecError("--kernels compiled: TorchInductor needs a C++ compiler (c++ or g++ on PATH); none was found")
     fast.optimize(model, weights="dense")
     eager_hidden, eager_head = model.forward_hidden, model.head  # bound methods of the class
     compiled_hidden = _compile(eager_hidden)
