@@ -95,24 +95,43 @@ def compile_model(model: Transformer) -> Transformer:
 def warm_up(model: Transformer, verify_rows: Sequence[int] = ()) -> float:
     """Compile the graphs a generation will use before it starts; returns the seconds it took.
 
-    Dynamo specialises on the first shapes it sees, which matters twice here:
-    - the first cache size is compiled as a constant, and a generation with another size
-      recompiles once with dynamic sizes: so the steps run on two caches of different sizes;
+    Dynamo specialises on the first shapes it sees, which matters three times here:
     - one graph serves every verify pass of 2..MAX_COMPILED_ROWS rows, and its matmuls are
       autotuned for the row count it first sees (bf16, ~850 tokens of context: tuned at 4 rows,
       passes of 6 / 9 rows took 30 / 44 ms; with graphs tuned per row count, 28 / 32 ms). So
-      pass the run's gamma + 1 first in `verify_rows`.
+      pass the run's gamma + 1 first in `verify_rows`;
+    - a first cache of 64 positions, SmolLM2's head_dim, gave graphs specialised to that size,
+      and the next size compiled a second, dynamic set (+460 MB in bf16, a minute more of
+      compiling); first caches of 61 or 65 positions gave dynamic graphs at once, and no later
+      size recompiled. Our reading: dynamo gives equal sizes of a tensor one symbol ("duck
+      sizing"), so max_seq_len == head_dim in the cache's [B, kv_heads, max_seq_len, head_dim]
+      is tied to the weights' fixed head_dim. So the warm-up's caches have sizes no config
+      field has;
+    - the steps then run on a second cache size too, which must not compile anything new.
     A decode step (1 row; its own graph) always runs. Everything happens on throwaway caches.
     """
     rows_each = (1, 1, *verify_rows)  # decode steps, then verify-shaped passes
     t0 = time.perf_counter()
     with torch.inference_mode():
-        for max_len in (40, 56):  # two cache sizes
-            cache = model.new_cache(1, max_len + sum(rows_each))
+        for max_len in _cache_sizes_unlike_the_model(model, 4 + sum(rows_each) + 37, count=2):
+            cache = model.new_cache(1, max_len)
             model.head(model.forward_hidden(torch.ones(1, 4, dtype=torch.long), cache)[0, -1])  # the prefill: eager
             for rows in rows_each:
                 model(torch.ones(1, rows, dtype=torch.long), cache)
     return time.perf_counter() - t0
+
+
+def _cache_sizes_unlike_the_model(model: Transformer, start: int, count: int) -> list[int]:
+    """`count` cache sizes >= start, 16 apart or more, none equal to an integer of the model's config."""
+    taken = {value for value in vars(model.config).values() if isinstance(value, int)}
+    sizes, size = [], start
+    while len(sizes) < count:
+        if size not in taken:
+            sizes.append(size)
+            size += 16
+        else:
+            size += 1
+    return sizes
 
 
 # Dynamo keeps compiled graphs per code object: every compiled model's forward_hidden shares
