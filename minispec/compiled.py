@@ -22,10 +22,10 @@ What it costs, and why it is opt-in (`--kernels compiled` in the CLI, `compile_m
   the dense weights the eager prefill uses and the compiler's own memory, generation peaks at
   3.5-3.7x weights + KV cache (measured), against 1.0-1.2x for the eager fast path.
 - A C++ compiler on the machine.
-- Dynamo specialises on the first shapes it sees: a second generation with a different cache
-  size recompiles once, with dynamic sizes, and the verify graph's matmuls are tuned for the
-  first verify row count. `warm_up` compiles everything first, for the run's gamma + 1 (the CLI
-  and the benchmarks call it).
+- Dynamo specialises on the first shapes it sees: the verify graph's matmuls are tuned for the
+  first verify row count, and a first cache whose size equals head_dim specialises the graphs
+  to it. `warm_up` compiles everything first, for the run's gamma + 1, on caches of safe sizes
+  (the CLI and the benchmarks call it).
 
 What is compiled: `forward_hidden` for decoding steps only, i.e. T <= MAX_COMPILED_ROWS new
 tokens appended to a non-empty cache through all layers (plain decoding T = 1, a verify pass
