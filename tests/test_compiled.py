@@ -79,3 +79,14 @@ def test_warm_up_compiles_every_graph_a_generation_uses(pair):
         spec = generate(model, prompt * 3, max_new_tokens=20, draft="ngram", policy="exact", gamma=4)
     assert spec.tokens == generate(reference, prompt * 3, max_new_tokens=20).tokens
     assert spec.stats["num_drafted"] > 0  # the verify passes ran
+
+
+def test_warm_up_caches_avoid_every_size_in_the_config():
+    # A first cache of head_dim positions specialised the compiled graphs to that size (see
+    # compiled.warm_up); the warm-up's caches skip every integer of the config.
+    model = random_model(CONFIG, 0, dtype=torch.float32)
+    taken = {v for v in vars(model.config).values() if isinstance(v, int)}
+    for start in range(1, 80):
+        sizes = compiled._cache_sizes_unlike_the_model(model, start, count=2)
+        assert len(sizes) == 2 and sizes[0] >= start and sizes[1] >= sizes[0] + 16
+        assert not taken & set(sizes)
