@@ -29,7 +29,11 @@ as ratios against baselines from the same run (medians over prompts):
    extra time, summed over all steps, is divided by the run's own verify time (forward + head).
    On the fast path, and on the compiled path unless --no-compiled (its verify is cheaper, and
    so is its head).
-5. Peak memory of generation (a fresh subprocess per configuration): the rise of the peak
+5. What a verify pass costs ("verify"): one pass of k = 1..9 new tokens on a cache holding the first
+   summarization prompt, fast and compiled; then, per drafter (n-gram; the int8 and bf16
+   self-drafts on the fast path) and gamma, the cost of a verify step and the acceptance length
+   tau it needs for 1.8x over plain decoding: tau x pass(1) / (gamma x draft + pass(gamma + 1)).
+6. Peak memory of generation (a fresh subprocess per configuration): the rise of the peak
    resident set size over the process's size before the model was loaded, against
    weights_bytes + kv_cache_bytes.
 
@@ -257,6 +261,91 @@ def bench_speculative(ckpt: Path, dtype: torch.dtype, prompts: dict[str, list[li
                                           prompt_lookup_num_tokens=gamma)
                     record("transformers", "prompt-lookup", gamma, out[0, len(ids):].tolist(), time.perf_counter() - t0)
     return records
+
+
+VERIFY_ROWS = (1, 2, 3, 4, 6, 9)  # new tokens per pass: a decode step, then verify passes (gamma + 1)
+CEILING_GAMMAS = (3, 5, 8)
+TARGET_SPEEDUP = 1.8  # the issue's target for speculation over our own plain decoding
+
+
+def pass_costs(model, context_ids: list[int], rows=VERIFY_ROWS, reps: int = 15) -> dict[int, float]:
+    """Median ms of one pass (blocks + LM head) of k new tokens on a cache that holds `context_ids`,
+    for each k in rows. Every pass is rolled back, so all see the same context. The row counts take
+    turns within each repetition, so a drift in the machine's speed moves them all alike."""
+    cache = model.new_cache(1, len(context_ids) + max(rows) + 1)
+    samples: dict[int, list[float]] = {k: [] for k in rows}
+    with torch.inference_mode():
+        model.forward_hidden(torch.tensor([context_ids]), cache)  # [1, S]: the prefill
+        start = cache.length
+        for rep in range(reps + 1):  # the first round warms up
+            for k in rows:
+                new = torch.tensor([context_ids[-k:]])  # [1, k]: any tokens; the cost does not depend on them
+                t0 = time.perf_counter()
+                model(new, cache)
+                seconds = time.perf_counter() - t0
+                cache.truncate(start)
+                if rep:
+                    samples[k].append(seconds)
+    return {k: 1000 * statistics.median(v) for k, v in samples.items()}
+
+
+def ngram_draft_ms(context_ids: list[int], gamma: int, vocab_size: int, reps: int = 15) -> float:
+    """Median ms of one n-gram proposal (the lookup plus its one-hot q rows) on `context_ids`."""
+    from minispec.drafters import NgramDrafter
+    from minispec.sampling import SamplingParams
+
+    drafter = NgramDrafter(vocab_size=vocab_size)
+    return 1000 * _timed(lambda: drafter.propose(context_ids, gamma, SamplingParams(0.0), None), reps)
+
+
+def speculation_ceiling(costs: dict[int, float], draft_ms: float, gamma: int, target: float = TARGET_SPEEDUP) -> dict:
+    """What a verify step of `gamma` drafts costs, and the acceptance length it needs to pay off.
+
+    One step costs gamma * draft_ms + pass(gamma + 1) and yields tau tokens (accepted drafts plus
+    the correction or bonus, 1 <= tau <= gamma + 1); plain decoding costs pass(1) per token. So
+
+        speed-up(tau) = tau * pass(1) / (gamma * draft_ms + pass(gamma + 1))
+
+    tau_needed: the tau at which the speed-up reaches `target`; above gamma + 1 no drafter reaches
+    it at this gamma. best_speedup: the speed-up if every draft were accepted (tau = gamma + 1).
+    """
+    step_ms = gamma * draft_ms + costs[gamma + 1]
+    return {"gamma": gamma, "draft_ms": draft_ms, "step_ms": step_ms,
+            "tau_needed": target * step_ms / costs[1], "best_speedup": (gamma + 1) * costs[1] / step_ms}
+
+
+def bench_verify_cost(ckpt: Path, dtype: torch.dtype, context_ids: list[int], with_compiled: bool,
+                      reps: int = 25) -> tuple[list[dict], list[dict]]:
+    """Pass costs (fast path, and compiled if asked) and the ceilings of each drafter at each gamma.
+    Drafters: n-gram (its lookup), the int8 self-draft and, for float32, the bf16 one (a 1-row
+    pass of the draft model on the same context); on the compiled path, n-gram only."""
+    import minispec
+    from minispec import fast
+    from minispec.drafters import self_draft
+
+    model = minispec.load_model(ckpt, dtype=dtype)
+    drafts = {"self:int8": self_draft(model, "int8")}
+    if dtype == torch.float32:
+        drafts["self:bf16"] = fast.optimize(self_draft(model, "bf16"))
+    fast.optimize(model)
+    systems = {"fast": model}
+    if with_compiled:  # tuned for gamma = 5 (the CLI's default), as a gamma-5 run would be
+        systems["compiled"], _ = load_compiled(ckpt, dtype, warm_up_rows=(1, 6))
+    vocab = model.config.vocab_size
+    passes, ceilings = [], []
+    for kernels, target in systems.items():
+        costs = pass_costs(target, context_ids, reps=reps)
+        passes.append({"kernels": kernels, "context": len(context_ids), "pass_ms": costs})
+        draft_ms = {"ngram": {g: ngram_draft_ms(context_ids, g, vocab, reps) for g in CEILING_GAMMAS}}
+        if kernels == "fast":
+            for name, draft in drafts.items():
+                step = pass_costs(draft, context_ids, rows=(1,), reps=reps)[1]
+                draft_ms[name] = {g: step for g in CEILING_GAMMAS}
+        for name, per_gamma in draft_ms.items():
+            for gamma in CEILING_GAMMAS:
+                ceilings.append({"kernels": kernels, "drafter": name,
+                                 **speculation_ceiling(costs, per_gamma[gamma], gamma)})
+    return passes, ceilings
 
 
 def dropmatch_overhead(ckpt: Path, dtype: torch.dtype, ids: list[int], reps: int) -> list[dict]:
@@ -586,6 +675,30 @@ def render(result: dict) -> str:
                          f"| {r['variant']} | {r['verify_ms_per_step']:.1f} | {r['extra_ms_per_step']:.2f} "
                          f"| {fmt(r['path_positions_per_step'])} | {fmt(r['path_head_calls_per_step'])} "
                          f"| **{r['extra_share']:.1%}** |")
+    if result.get("verify_passes"):
+        rows = sorted({k for r in result["verify_passes"] for k in r["pass_ms"]}, key=int)
+        lines += ["", "## What a verify pass costs, and the acceptance length speculation needs", "",
+                  "ms of one pass (blocks + LM head) of k new tokens on a cache holding the first summarization "
+                  "prompt, median; k = 1 is a decode step, k = gamma + 1 a verify pass; '/ step' = pass(k) / pass(1).", "",
+                  "| dtype | kernels | context | " + " | ".join(f"k={k} ms" for k in rows) + " | "
+                  + " | ".join(f"k={k} / step" for k in rows if int(k) > 1) + " |",
+                  "|---|---|---|" + "---|" * (2 * len(rows) - 1)]
+        for r in result["verify_passes"]:
+            costs = {int(k): v for k, v in r["pass_ms"].items()}
+            lines.append(f"| {r['dtype']} | {r['kernels']} | {r['context']} | "
+                         + " | ".join(f"{costs[int(k)]:.1f}" for k in rows) + " | "
+                         + " | ".join(f"{costs[int(k)] / costs[1]:.2f}" for k in rows if int(k) > 1) + " |")
+        lines += ["", f"A step of gamma drafts costs gamma x draft + pass(gamma+1) and yields tau tokens "
+                  f"(1 <= tau <= gamma+1): speed-up = tau x pass(1) / step. 'tau needed' reaches "
+                  f"{TARGET_SPEEDUP}x; above gamma + 1 (marked) no drafter can, at that gamma. "
+                  "'all accepted' = the speed-up at tau = gamma + 1.", "",
+                  "| dtype | kernels | drafter | gamma | draft ms | step ms | tau needed | all accepted |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in result["verify_ceilings"]:
+            out_of_reach = r["tau_needed"] > r["gamma"] + 1
+            lines.append(f"| {r['dtype']} | {r['kernels']} | {r['drafter']} | {r['gamma']} | {r['draft_ms']:.2f} "
+                         f"| {r['step_ms']:.1f} | **{r['tau_needed']:.2f}**{' (> gamma+1)' if out_of_reach else ''} "
+                         f"| {r['best_speedup']:.2f}x |")
     if result.get("memory"):
         lines += ["", "## Peak memory of generation", "",
                   "| dtype | kernels | draft | weights MB | KV MB | RSS rise after load MB | peak rise MB | peak / (weights + KV) |",
@@ -622,7 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SECTIONS = ("plain", "speculative", "dropmatch", "memory")
+SECTIONS = ("plain", "speculative", "dropmatch", "verify", "memory")
 
 
 def _sections(text: str) -> tuple[str, ...]:
@@ -656,6 +769,7 @@ def run(args) -> dict:
     print(f"bench_speed: {n} prompts per set; bandwidth ...", file=sys.stderr)
     bandwidth = measure_bandwidth(with_compiled=args.compiled and "plain" in args.sections)
     plain, speculative, dropmatch, dropmatch_loop, wbytes = [], [], [], [], {}
+    verify_passes, verify_ceilings = [], []
     sections = args.sections
     for dtype_name in DTYPES:
         dtype = getattr(torch, dtype_name)
@@ -688,6 +802,11 @@ def run(args) -> dict:
                 dropmatch_loop += [{"dtype": dtype_name, "kernels": "compiled", **r}
                                    for r in dropmatch_loop_overhead(model, spec["rag"], 5, spec_tokens, eos)]
             del model
+        if "verify" in sections:
+            print(f"bench_speed: verify cost, {dtype_name} ...", file=sys.stderr)
+            passes, ceilings = bench_verify_cost(ckpt, dtype, spec["summarization"][0], args.compiled)
+            verify_passes += [{"dtype": dtype_name, **r} for r in passes]
+            verify_ceilings += [{"dtype": dtype_name, **r} for r in ceilings]
     memory = []
     if "memory" in sections and args.memory and not args.quick:
         print("bench_speed: memory ...", file=sys.stderr)
@@ -696,7 +815,8 @@ def run(args) -> dict:
     return {"meta": meta, "bandwidth": bandwidth, "weights_bytes": wbytes,
             "plain": summarise_plain(plain, wbytes, bandwidth["bandwidth_gbps"] * 1e9),
             "speculative": summarise_speculative(speculative), "dropmatch": dropmatch,
-            "dropmatch_loop": dropmatch_loop, "memory": memory,
+            "dropmatch_loop": dropmatch_loop, "verify_passes": verify_passes, "verify_ceilings": verify_ceilings,
+            "memory": memory,
             "records": {"plain": plain, "speculative": speculative}}
 
 

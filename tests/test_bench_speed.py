@@ -122,3 +122,36 @@ def test_sections_flag_rejects_unknown_names_in_one_line():
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and "--sections" in out.stderr
+
+
+def test_speculation_ceiling_is_the_step_cost_over_a_decode_step():
+    costs = {1: 10.0, 4: 12.0, 6: 15.0}
+    free = bench_speed.speculation_ceiling(costs, draft_ms=0.0, gamma=3)
+    assert free["step_ms"] == 12.0
+    assert free["tau_needed"] == pytest.approx(1.8 * 12.0 / 10.0)  # tau * 10 / 12 = 1.8
+    assert free["best_speedup"] == pytest.approx(4 * 10.0 / 12.0)
+    costly = bench_speed.speculation_ceiling(costs, draft_ms=4.0, gamma=5)  # 5 drafts of 4 ms + a 15 ms pass
+    assert costly["step_ms"] == 35.0
+    assert costly["tau_needed"] == pytest.approx(6.3) and costly["tau_needed"] > 5 + 1  # out of reach
+    assert costly["best_speedup"] == pytest.approx(6 * 10.0 / 35.0)
+    text = bench_speed.render({
+        "meta": {"command": "x", "machine": {"cpu": "c", "cores": 2, "torch": "t", "transformers": "h"}, "seconds": 1,
+                 "load_average": "0", "new_tokens": 2},
+        "bandwidth": {"f_linear_gbps": 10.0, "packed_gbps": 20.0, "bandwidth_gbps": 20.0},
+        "plain": [], "speculative": [], "dropmatch": [], "memory": [],
+        "verify_passes": [{"dtype": "float32", "kernels": "fast", "context": 700, "pass_ms": costs}],
+        "verify_ceilings": [{"dtype": "float32", "kernels": "fast", "drafter": "self:int8", **costly}]})
+    assert "| float32 | fast | 700 | 10.0 | 12.0 | 15.0 | 1.20 | 1.50 |" in text
+    assert "| float32 | fast | self:int8 | 5 | 4.00 | 35.0 | **6.30** (> gamma+1) | 1.71x |" in text
+
+
+def test_pass_costs_rolls_every_pass_back():
+    import torch
+
+    from minispec.testing import random_model, tiny_config
+
+    model = random_model(tiny_config(), 0, dtype=torch.float32)
+    # the cache has room for the context and one pass: a pass not rolled back would overflow it
+    costs = bench_speed.pass_costs(model, list(range(1, 20)), rows=(1, 3), reps=2)
+    assert set(costs) == {1, 3} and all(v > 0 for v in costs.values())
+    assert bench_speed.ngram_draft_ms([1, 2, 3, 1, 2], gamma=3, vocab_size=model.config.vocab_size, reps=2) > 0
