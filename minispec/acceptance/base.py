@@ -18,6 +18,11 @@ q_draft and p_target went through the same `minispec.sampling.logits_to_probs`, 
 top-k and top-p are applied identically to both before any policy sees them. A drafter without
 probabilities (n-gram lookup) gives a one-hot q_draft.
 
+A policy that re-runs the LM head (DropMatch, on dropped-out copies of its input) finds the
+head's input `hidden` [gamma+1, d] and the `head` itself in the VerifyInput. To have extra rows
+scored in the verify's own head call (one weight read instead of two), it returns them from
+`extra_head_rows`; their logits arrive as `extra_logits`.
+
 To plug in your own policy: subclass AcceptancePolicy, implement `decide`, and decorate it with
 `@register("my-name")`; `minispec.acceptance.get("my-name", **kwargs)` then builds it, and the
 CLI's --policy accepts the name.
@@ -48,7 +53,10 @@ class VerifyInput:
     params: SamplingParams  # temperature / top-k / top-p used for both p_target and q_draft
     generator: torch.Generator  # the only source of randomness for the decision
     draft_logits: torch.Tensor | None = None  # [gamma, V] raw draft logits; None for model-free drafters
-    head_extras: object = None  # whatever this policy's `head_logits` returned next to the logits
+    # For policies that re-run the LM head on perturbed inputs (DropMatch); the loop always fills them.
+    hidden: torch.Tensor | None = None  # [gamma+1, d] the LM-head input (after the final norm)
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None  # the target's LM head: [..., d] -> [..., V]
+    extra_logits: torch.Tensor | None = None  # [n, V] head(rows) for the rows `extra_head_rows` asked for
 
     @property
     def gamma(self) -> int:
@@ -71,14 +79,15 @@ class AcceptancePolicy(ABC):
     def reset(self) -> None:
         """Called at the start of every generation (reseed private generators here)."""
 
-    def head_logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, object]:
-        """Turn the target's final hidden states [gamma+1, d] into logits [gamma+1, V].
+    def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Rows [n, d] to push through the LM head together with the verify's own rows, or None.
 
-        The default is the plain LM head. A policy that needs more rows from the head (DropMatch's
-        dropout paths) overrides this to push them through the head in the same matmul, and
-        returns them as the second element, which reaches `decide` as `inp.head_extras`.
+        hidden [gamma+1, d] is the verify pass's LM-head input. The loop scores
+        cat([hidden, rows]) in ONE head call, so the head's weight is read once, and hands the
+        extra rows' logits [n, V] to `decide` as `inp.extra_logits`. The default asks for none;
+        a policy that can always call `inp.head` itself needs this only to save a weight read.
         """
-        return head(hidden), None
+        return None
 
     def __call__(self, inp: VerifyInput) -> Decision:
         check_input(inp)
@@ -111,6 +120,10 @@ def check_input(inp: VerifyInput) -> None:
         got = tuple(getattr(inp, name).shape)
         if got != shape:
             raise PolicyInputError(f"{name}: shape {list(got)}; expected {list(shape)} (gamma={gamma}, V={vocab})")
+    if inp.hidden is not None and (inp.hidden.dim() != 2 or inp.hidden.shape[0] != gamma + 1):
+        raise PolicyInputError(f"hidden: shape {list(inp.hidden.shape)}; expected [gamma+1={gamma + 1}, d]")
+    if inp.extra_logits is not None and (inp.extra_logits.dim() != 2 or inp.extra_logits.shape[1] != vocab):
+        raise PolicyInputError(f"extra_logits: shape {list(inp.extra_logits.shape)}; expected [n, V={vocab}]")
     if gamma and not (0 <= int(inp.draft_tokens.min()) and int(inp.draft_tokens.max()) < vocab):
         raise PolicyInputError(f"draft_tokens: ids outside [0, {vocab}): {inp.draft_tokens.tolist()}")
 

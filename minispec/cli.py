@@ -1,0 +1,64 @@
+"""What every minispec command line shares: one-line errors, range-checked flags, one exit path.
+
+    parser = Parser(prog="minispec.generate", description=...)
+    parser.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5)
+    sys.exit(run_main("minispec.generate", main_body, argv))
+
+A user mistake ends in one line on stderr, `<prog>: error: <message>`, and exit status 2:
+argparse's own errors (no usage dump), an out-of-range flag, and any MinispecError raised while
+running. Anything else that escapes is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Callable
+
+from minispec.errors import MinispecError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and the defaults shown in `-h`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def ranged(kind: type, flag: str, lo: float | None = None, hi: float | None = None,
+           lo_open: bool = False, hi_open: bool = False) -> Callable[[str], int | float]:
+    """An argparse type: parse `kind` (int or float) and check lo <= value <= hi (< with *_open).
+
+    The error names the flag and the range, e.g. `--top-p = 1.5; expected 0 < top-p <= 1`.
+    nan and inf are rejected for floats unless the range leaves them open (hi=None, lo=None).
+    """
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} = {text!r}; expected {'an integer' if kind is int else 'a number'}") from None
+        too_low = lo is not None and (value <= lo if lo_open else value < lo)
+        too_high = hi is not None and (value >= hi if hi_open else value > hi)
+        if too_low or too_high or (kind is float and math.isnan(value)):
+            lo_s = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
+            hi_s = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
+            raise argparse.ArgumentTypeError(f"{flag} = {text}; expected {lo_s}{flag.lstrip('-')}{hi_s}")
+        return value
+
+    return parse
+
+
+def run_main(prog: str, body: Callable[[], int | None]) -> int:
+    """Run a command's body; a MinispecError becomes `<prog>: error: <message>` and exit status 2."""
+    try:
+        return body() or 0
+    except MinispecError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2
