@@ -1,5 +1,6 @@
 """Drafters: cheap guessers of the next gamma tokens, behind one small interface.
 
+    start(max_seq_len, target_cache)   a new sequence; may draft on the target's cache (shares_target_cache)
     propose(context, gamma, params, generator) -> Draft(tokens [g], q_draft [g, V], logits [g, V] | None)
     rollback(num_valid)   the first num_valid tokens of the context are still right; forget the rest
 
@@ -45,14 +46,30 @@ class Draft:
     q_draft: torch.Tensor  # [g, V] post-processed distributions the tokens were drawn from
     logits: torch.Tensor | None  # [g, V] raw logits (None for model-free drafters)
 
+    @staticmethod
+    def empty(vocab_size: int) -> "Draft":
+        """No guesses: the verify step is then an ordinary decode step."""
+        return Draft([], torch.zeros(0, vocab_size), None)
+
 
 class Drafter(ABC):
     """Interface for everything that proposes draft tokens to the speculative loop."""
 
+    name = "drafter"  # how stats and traces name it
     forwards = 0  # model forward passes made so far (for stats)
+    shares_target_cache = False  # True while it drafts on the target's own KV cache (see ModelDrafter)
 
-    def start(self, max_seq_len: int) -> None:
-        """Prepare for a new sequence of at most max_seq_len tokens (allocate/clear caches)."""
+    def start(self, max_seq_len: int, target_cache: KVCache | None = None) -> None:
+        """Prepare for a new sequence of at most max_seq_len tokens (allocate/clear caches).
+
+        target_cache is the target's cache for this sequence; a drafter that can draft on it
+        (ModelDrafter with share_cache) may use it instead of a cache of its own.
+        """
+
+    @property
+    def cache_length(self) -> int | None:
+        """Positions in the drafter's KV cache (for traces); None for a drafter without one."""
+        return None
 
     @abstractmethod
     def propose(self, context: list[int], gamma: int, params: SamplingParams, generator: torch.Generator) -> Draft:
@@ -83,23 +100,23 @@ class ModelDrafter(Drafter):
                  share_cache: bool = False) -> None:
         self.model, self.num_layers, self.name, self.share_cache = model, num_layers, name, share_cache
         self.cache: KVCache | None = None
-        self.sharing = False  # whether the current sequence drafts on the target's cache
 
-    def start(self, max_seq_len: int) -> None:
-        cfg = self.model.config
-        self.cache = KVCache(
-            self.num_layers or cfg.num_layers, 1, cfg.num_kv_heads, max_seq_len, cfg.head_dim,
-            dtype=self.model.compute_dtype or self.model.dtype, device=self.model.device,
-        )
-        self.sharing = False
+    def start(self, max_seq_len: int, target_cache: KVCache | None = None) -> None:
         self.forwards = 0
+        self.shares_target_cache = self.share_cache and target_cache is not None and self._fits(target_cache)
+        self.cache = target_cache if self.shares_target_cache else \
+            self.model.new_cache(1, max_seq_len, num_layers=self.num_layers)
 
-    def bind_target_cache(self, cache: KVCache) -> None:
-        """Called by the loop after start(): draft on `cache` if share_cache and the layouts match."""
-        cfg, mine = self.model.config, self.cache
-        if self.share_cache and cache.k[0].dtype == mine.k[0].dtype and cache.num_layers >= mine.num_layers \
-                and cache.k[0].shape[1:] == mine.k[0].shape[1:] and cache.k[0].device == mine.k[0].device:
-            self.cache, self.sharing = cache, True  # its own cache is dropped
+    def _fits(self, cache: KVCache) -> bool:
+        """Whether this drafter's model can write into `cache`: same K/V layout, dtype and device."""
+        mine = self.model.new_cache(1, 1, num_layers=self.num_layers)  # a 1-position probe
+        return cache.num_layers >= mine.num_layers and cache.k[0].dtype == mine.k[0].dtype \
+            and cache.k[0].shape[1] == mine.k[0].shape[1] and cache.k[0].shape[3] == mine.k[0].shape[3] \
+            and cache.k[0].device == mine.k[0].device
+
+    @property
+    def cache_length(self) -> int | None:
+        return None if self.cache is None else self.cache.length
 
     def _logits(self, tokens: list[int]) -> torch.Tensor:
         """Feed tokens at the cache's end; logits of the last one: [V]."""
@@ -119,13 +136,13 @@ class ModelDrafter(Drafter):
             rows.append(logits)
             if i + 1 < gamma:  # d_gamma is not fed now: the target may reject it anyway
                 logits = self._logits([token])
-        if self.sharing:
+        if self.shares_target_cache:
             self.cache.truncate(start)  # the target's cache as the loop left it
         draft_logits = torch.stack(rows) if rows else logits.new_zeros(0, logits.shape[-1])  # [g, V]
         return Draft(tokens, logits_to_probs(draft_logits, params), draft_logits)
 
     def rollback(self, num_valid: int) -> None:
-        if not self.sharing:  # a shared cache is the loop's to roll back
+        if not self.shares_target_cache:  # a shared cache is the loop's to roll back
             self.cache.truncate(min(self.cache.length, num_valid))
 
 
@@ -161,20 +178,19 @@ class NgramDrafter(Drafter):
 def self_draft(target: Transformer, precision: str) -> Transformer:
     """A copy of the target at lower precision ("bf16" or "int8"), the 'quantized self-draft'.
 
-    int8: weight-only, symmetric per output row (minispec.fast.Int8Linear), bf16 activations.
-
-    Needs the target as loaded (before minispec.fast.optimize, which repacks its weights);
-    optimize the copy afterwards if wanted (minispec.fast.optimize_drafter).
+    int8: weight-only, symmetric per output row (minispec.kernels.int8), bf16 activations.
+    Needs the target as loaded (a reference model): build the self-draft first, then apply
+    minispec.kernels to both.
     """
-    if getattr(target, "optimized", False):
-        raise MinispecError("self-draft: the target is already optimized by minispec.fast; "
-                            "build the self-draft first, then optimize both")
+    from minispec import kernels
+
+    if kernels.kind_of(target) != "reference":
+        raise MinispecError(f"self-draft: the target was already rewritten by minispec.kernels "
+                            f"({kernels.kind_of(target)}); build the self-draft first, then apply the kernels to both")
     if precision in ("bf16", "bfloat16"):
         return copy.deepcopy(target).to(torch.bfloat16)
-    if precision == "int8":  # weight-only int8 through minispec.fast (its int8 kernel needs packed layouts)
-        from minispec import fast
-
-        return fast.optimize(copy.deepcopy(target).to(torch.bfloat16), weights="int8")
+    if precision == "int8":
+        return kernels.apply(copy.deepcopy(target).to(torch.bfloat16), "int8")
     raise MinispecError(f"--draft self:{precision}: unknown precision; expected self:bf16 or self:int8")
 
 

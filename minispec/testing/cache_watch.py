@@ -22,9 +22,7 @@ class CacheMismatch(AssertionError):
 
 def recompute_cache(model, tokens: list[int], num_layers: int | None, max_seq_len: int) -> KVCache:
     """A fresh cache holding tokens [0, len) of one from-scratch forward pass."""
-    cfg = model.config
-    fresh = KVCache(num_layers or cfg.num_layers, 1, cfg.num_kv_heads, max_seq_len, cfg.head_dim,
-                    dtype=model.dtype, device=model.device)
+    fresh = model.new_cache(1, max_seq_len, num_layers=num_layers)
     if tokens:
         type(model).forward_hidden(model, torch.tensor([tokens], device=model.device), fresh, num_layers=num_layers)
     return fresh

@@ -89,15 +89,20 @@ def verify_inputs(draw, max_gamma: int = 5, max_vocab: int = 8, temperature: flo
                        generator=torch.Generator().manual_seed(draw(seeds)), draft_logits=draft_logits)
 
 
-def _head_extras(policy: AcceptancePolicy, inp: VerifyInput, seed: int) -> VerifyInput:
-    """Give policies that read extra head rows (DropMatch) a consistent hidden state + head."""
+def with_head(policy: AcceptancePolicy, inp: VerifyInput, seed: int) -> VerifyInput:
+    """`inp` as the loop builds it from a random linear LM head: target logits = head(hidden),
+    plus `hidden`, `head` and the logits of the policy's `extra_head_rows` (for DropMatch)."""
     gen = torch.Generator().manual_seed(seed)
     vocab, rows = inp.target_logits.shape[1], inp.gamma + 1
     hidden = torch.randn(rows, 8, generator=gen, dtype=torch.float64)  # [gamma+1, d]
     weight = torch.randn(vocab, 8, generator=gen, dtype=torch.float64)  # [V, d]
-    logits, extras = policy.head_logits(hidden, lambda h: h @ weight.T)
-    return VerifyInput(inp.draft_tokens, inp.q_draft, logits, logits_to_probs(logits, inp.params), inp.params,
-                       inp.generator, inp.draft_logits, extras)
+    head = lambda h: h @ weight.T  # noqa: E731  [..., d] -> [..., V]
+    extra_rows = policy.extra_head_rows(hidden)  # [n, d] or None
+    logits = head(hidden if extra_rows is None else torch.cat([hidden, extra_rows]))  # [gamma+1 (+n), V]
+    target_logits = logits[:rows]
+    return VerifyInput(inp.draft_tokens, inp.q_draft, target_logits, logits_to_probs(target_logits, inp.params),
+                       inp.params, inp.generator, inp.draft_logits, hidden=hidden, head=head,
+                       extra_logits=None if extra_rows is None else logits[rows:])
 
 
 def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: bool | None = None,
@@ -114,10 +119,10 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
     claims_lossless = policy.lossless if lossless is None else lossless
 
     def fresh_input(inp: VerifyInput, seed: int) -> tuple[AcceptancePolicy, VerifyInput]:
-        """A new, reset policy and the input with target logits from its own head_logits."""
+        """A new, reset policy and the input with target logits from a random head (`with_head`)."""
         p = policy_factory()
         p.reset()
-        return p, _head_extras(p, inp, seed)
+        return p, with_head(p, inp, seed)
 
     @given(inp=verify_inputs(), seed=seeds)
     def decision_range(inp, seed):

@@ -1,0 +1,90 @@
+"""What the loop counts: tau, acceptance, where drafts fail, and where the time goes.
+
+Per verify step the loop records how many tokens were drafted (g) and how many of them the policy
+accepted (n); the step then emits n + 1 tokens (the accepted drafts, then the correction or the
+bonus token). Over a generation:
+
+    tau                       = (sum n + steps) / steps     tokens per verify step, INCLUDING the
+                                                            correction/bonus token: 1 <= tau <= gamma+1
+                                                            (the convention of the DropMatch paper and vLLM)
+    acceptance_rate           = sum n / sum g
+    per_position_acceptance[i] = P(draft i accepted | draft i was proposed)
+    accepted_length_histogram[n] = number of steps that accepted exactly n drafts
+
+A policy may report its own counts in Decision.info (DropMatch: how many tokens only it
+accepted); every numeric entry is summed over the steps into `policy_info`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from numbers import Number
+
+
+class StepStats:
+    """Counts per verify step; `summary()` turns them into the figures above."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = gamma
+        self.num_steps = 0
+        self.num_drafted = 0
+        self.num_accepted = 0
+        self.proposed_at = [0] * gamma  # how often position i (0-based) was drafted
+        self.accepted_at = [0] * gamma  # ... and accepted
+        self.histogram = [0] * (gamma + 1)  # steps by number of accepted drafts
+        self.policy_info: dict[str, Number] = {}  # totals of the policies' numeric Decision.info
+
+    def record(self, num_drafted: int, num_accepted: int, info: dict) -> None:
+        self.num_steps += 1
+        self.num_drafted += num_drafted
+        self.num_accepted += num_accepted
+        self.histogram[num_accepted] += 1
+        for i in range(num_drafted):
+            self.proposed_at[i] += 1
+            self.accepted_at[i] += i < num_accepted
+        for key, value in info.items():
+            if isinstance(value, Number) and not isinstance(value, bool):
+                self.policy_info[key] = self.policy_info.get(key, 0) + value
+
+    def summary(self) -> dict:
+        return {
+            "verify_steps": self.num_steps,
+            # emitted per step = accepted drafts + 1 correction/bonus token
+            "tau": (self.num_accepted + self.num_steps) / self.num_steps if self.num_steps else 1.0,
+            "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
+            "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted,
+            "per_position_acceptance": [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)],
+            "accepted_length_histogram": self.histogram,
+            "policy_info": dict(self.policy_info),
+        }
+
+
+class PhaseTimer:
+    """Wall time per phase of a step: `with timer("draft"): ...`; `totals` maps phase -> seconds."""
+
+    def __init__(self, *phases: str) -> None:
+        self.totals = {phase: 0.0 for phase in phases}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.totals[phase] += time.perf_counter() - start
+
+
+def timing_stats(num_prompt: int, num_generated: int, prefill_seconds: float, total_seconds: float) -> dict:
+    """Throughput figures of one generation (prefill included in `total_seconds`)."""
+    decode_seconds = total_seconds - prefill_seconds
+    return {
+        "num_prompt_tokens": num_prompt,
+        "num_generated_tokens": num_generated,
+        "prefill_seconds": prefill_seconds,
+        "total_seconds": total_seconds,
+        "prefill_tokens_per_second": num_prompt / prefill_seconds if prefill_seconds > 0 else float("inf"),
+        # end to end: generated tokens over prefill + decode time
+        "tokens_per_second": num_generated / total_seconds if total_seconds > 0 else float("inf"),
+        # after the prefill: the tokens after the first (which the prefill itself yields)
+        "decode_tokens_per_second": (num_generated - 1) / decode_seconds if decode_seconds > 0 else float("inf"),
+    }

@@ -1,0 +1,83 @@
+"""A worked trace of the draft-then-verify loop: every step printed as it happens (`--trace`).
+
+For each verify step (a `minispec.speculative.StepRecord`) it prints what the loop in
+speculative.py did, with the real numbers:
+
+    step 3: context 41 tokens, drafter ngram:3 proposed 3
+      row 0  draft ' Paris'    p_target 0.981  q_draft 1.000 | target's choice ' Paris' (0.981)  accepted
+      row 1  draft '.'         p_target 0.002  q_draft 1.000 | target's choice ' is' (0.944)     rejected
+      row 2  draft ' It'       p_target -      q_draft 1.000 | -                                 not reached
+      row 3  bonus row                                     | target's choice ' The' (0.512)
+      decision exact: 1 of 3 accepted; the correction ' is' comes from row 1
+      rollback: target cache 44 -> 42 (keeps the context and d_1); draft cache none
+      emitted ' Paris is'
+
+Row i of the verify pass scores draft i+1 (its p_target is the target's probability of that
+draft token, its q_draft the draft's); the last row is the bonus position. `p_target` and the
+target's choice use the post-processed distribution (one-hot at temperature 0, where the
+target's choice is the argmax); at temperature 0 the raw softmax probability is shown instead so
+that the numbers say how sure the target was. Under speculative sampling a draft is kept with
+probability min(1, p_target / q_draft), shown as `keep`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+import torch
+
+from minispec.speculative import StepRecord
+
+
+class Tracer:
+    """Print each StepRecord; use as `generate(..., on_step=Tracer(tokenizer, drafter, policy))`."""
+
+    def __init__(self, tokenizer, drafter_name: str, policy_name: str, out: TextIO = sys.stdout) -> None:
+        self.tokenizer, self.drafter_name, self.policy_name, self.out = tokenizer, drafter_name, policy_name, out
+
+    def piece(self, token: int) -> str:
+        """One token as readable text, quoted (whitespace and control characters escaped)."""
+        return repr(self.tokenizer.decode([token]))
+
+    def __call__(self, record: StepRecord) -> None:
+        inp, decision = record.inp, record.decision
+        g, n = inp.gamma, decision.num_accepted
+        greedy = inp.params.greedy
+        # what the target believes at each row: softmax of the raw logits at T = 0, else p_target
+        belief = torch.softmax(inp.target_logits.double(), dim=-1) if greedy else inp.p_target.double()  # [g+1, V]
+        choice = inp.target_logits.argmax(dim=-1) if greedy else inp.p_target.argmax(dim=-1)  # [g+1]
+        context = record.target_cache[0] - g  # the committed sequence's length: cache + last token
+        lines = [f"step {record.index}: context {context} tokens, drafter {self.drafter_name} proposed {g}"]
+        for i in range(g + 1):
+            best = int(choice[i])
+            target_side = f"target's choice {self.piece(best):<12} ({float(belief[i, best]):.3f})"
+            if i == g:
+                lines.append(f"  row {i}  {'bonus row':<44} | {target_side}")
+                continue
+            d = int(inp.draft_tokens[i])
+            p_d, q_d = float(belief[i, d]), float(inp.q_draft[i, d])
+            verdict = "accepted" if i < n else ("rejected" if i == n else "not reached")
+            keep = f"  keep {min(1.0, float(inp.p_target[i, d]) / q_d):.3f}" if not greedy and q_d > 0 else ""
+            shown = target_side if i <= n else "-"
+            lines.append(f"  row {i}  draft {self.piece(d):<12} p_target {p_d:.3f}  q_draft {q_d:.3f}{keep} | "
+                         f"{shown}  {verdict}")
+        after = "correction" if n < g else "bonus"
+        lines.append(f"  decision {self.policy_name}: {n} of {g} accepted; the {after} "
+                     f"{self.piece(decision.next_token)} comes from row {n}" + _info(decision.info))
+        before, kept = record.target_cache
+        draft_cache = "none" if record.draft_cache is None else str(record.draft_cache)
+        kept_drafts = f" and d_1..d_{n}" if n > 1 else (" and d_1" if n == 1 else "")
+        lines.append(f"  rollback: target cache {before} -> {kept} (keeps the context{kept_drafts}); "
+                     f"draft cache {draft_cache}")
+        lines.append(f"  emitted {self.piece_list(record.emitted)}")
+        print("\n".join(lines), file=self.out, flush=True)
+
+    def piece_list(self, tokens: list[int]) -> str:
+        return repr(self.tokenizer.decode(tokens))
+
+
+def _info(info: dict) -> str:
+    """A policy's own counts for this step (e.g. DropMatch's), as `; key value, ...`."""
+    shown = [f"{key} {value}" for key, value in info.items() if isinstance(value, (int, float))]
+    return f"; {', '.join(shown)}" if shown else ""
