@@ -62,9 +62,12 @@ class Tracer:
             shown = target_side if i <= n else "-"
             lines.append(f"  row {i}  draft {self.piece(d):<12} p_target {p_d:.3f}  q_draft {q_d:.3f}{keep} | "
                          f"{shown}  {verdict}")
-        after = "correction" if n < g else "bonus"
-        lines.append(f"  decision {self.policy_name}: {n} of {g} accepted; the {after} "
-                     f"{self.piece(decision.next_token)} comes from row {n}" + _info(decision.info))
+        if g == 0:
+            decided = f"nothing drafted; the target's token {self.piece(decision.next_token)} comes from row 0"
+        else:
+            decided = (f"{n} of {g} accepted; the {'correction' if n < g else 'bonus'} "
+                       f"{self.piece(decision.next_token)} comes from row {n}")
+        lines.append(f"  decision {self.policy_name}: {decided}" + _info(decision.info))
         before, kept = record.target_cache
         draft_cache = "none" if record.draft_cache is None else str(record.draft_cache)
         kept_drafts = f" and d_1..d_{n}" if n > 1 else (" and d_1" if n == 1 else "")

@@ -5,7 +5,8 @@
     check_cache(MyCache)       # the append / verify / truncate state machine
 
 Strategies (model_configs, random_model, token_lists, seeds, verify_inputs) build your own
-properties; watch_caches checks a model's caches against recomputation during a real run.
+properties; verify_input builds a policy input from plain lists for table-style tests;
+watch_caches checks a model's caches against recomputation during a real run.
 """
 
 from minispec.testing.cache_machine import make_cache_machine
@@ -14,9 +15,10 @@ from minispec.testing.checks import CheckFailed, check_cache, check_policy, veri
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 from minispec.testing.profiles import load_profile
 from minispec.testing.strategies import model_configs, random_model, seeds, tiny_config, token_lists
+from minispec.testing.tables import decided, verify_input
 
 __all__ = [
     "check_policy", "check_cache", "CheckFailed", "verify_inputs", "make_cache_machine", "watch_caches",
     "assert_cache_matches", "CacheMismatch", "sequence_distribution", "chi_square_p_value", "load_profile",
-    "model_configs", "random_model", "seeds", "tiny_config", "token_lists",
+    "model_configs", "random_model", "seeds", "tiny_config", "token_lists", "verify_input", "decided",
 ]

@@ -34,7 +34,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from minispec import acceptance
 from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
 from minispec.kv_cache import KVCache
 from minispec.sampling import SamplingParams, logits_to_probs

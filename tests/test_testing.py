@@ -4,7 +4,6 @@ written here outside the package, and on broken variants that it must catch read
 import pytest
 import torch
 
-from minispec import acceptance
 from minispec.acceptance import AcceptancePolicy, Decision, ExactMatch, SpeculativeSampling, TypicalAcceptance
 from minispec.acceptance.base import first_rejection
 from minispec.kv_cache import KVCache
@@ -28,10 +27,6 @@ def test_sampling_passes_every_check_including_the_statistical_ones():
 
 def test_typical_passes_the_generic_checks():
     check_policy(TypicalAcceptance)
-
-
-def test_dropmatch_reduces_to_exact_at_p0():
-    check_policy(lambda **kw: acceptance.get("dropmatch", **kw), neutral={"p": 0.0}, base="exact")
 
 
 # ------------------------------------------------------------- a user's policy, right and wrong

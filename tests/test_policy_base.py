@@ -1,0 +1,100 @@
+"""The acceptance-policy interface (minispec/acceptance/base.py): the input check, the prefix
+rule, the registry, and one-line errors for bad options."""
+
+import pytest
+import torch
+
+import minispec.acceptance as acceptance
+from minispec.acceptance import (AcceptancePolicy, Decision, ExactMatch, PolicyInputError, TypicalAcceptance,
+                                 VerifyInput, check_input, first_rejection, register)
+from minispec.errors import MinispecError
+from minispec.testing import decided, verify_input
+
+F64 = torch.float64
+
+
+@register("test-accept-nothing")
+class AcceptNothing(AcceptancePolicy):
+    """A user policy, registered from outside the package: always rejects, emits token 0."""
+
+    def decide(self, inp: VerifyInput) -> Decision:
+        return Decision(0, 0)
+
+
+class AcceptTooMuch(AcceptancePolicy):
+    def decide(self, inp: VerifyInput) -> Decision:
+        return Decision(inp.gamma + 1, 0)
+
+
+def _good_input() -> VerifyInput:
+    return verify_input([1, 2], [[0, 5, 0, 0], [0, 0, 5, 0], [5, 0, 0, 0]])
+
+
+@pytest.mark.parametrize("field, bad, expected_name", [
+    ("draft_tokens", torch.tensor([[1, 2]]), "draft_tokens"),  # [1, gamma], not [gamma]
+    ("draft_tokens", torch.tensor([1, 2], dtype=torch.int32), "draft_tokens"),
+    ("draft_tokens", torch.tensor([1, 4]), "draft_tokens"),  # id 4 with V = 4
+    ("draft_tokens", torch.tensor([-1, 2]), "draft_tokens"),
+    ("target_logits", torch.zeros(2, 4, dtype=F64), "target_logits"),  # gamma rows, not gamma+1
+    ("p_target", torch.zeros(3, 5, dtype=F64), "p_target"),
+    ("q_draft", torch.zeros(3, 4, dtype=F64), "q_draft"),
+    ("draft_logits", torch.zeros(2, 3, dtype=F64), "draft_logits"),
+    ("hidden", torch.zeros(2, 5, dtype=F64), "hidden"),  # gamma rows, not gamma+1
+    ("extra_logits", torch.zeros(3, 5, dtype=F64), "extra_logits"),  # another vocabulary
+])
+def test_check_input_rejects_wrong_shapes_and_ids(field, bad, expected_name):
+    inp = _good_input()
+    check_input(inp)  # the unmodified input passes
+    setattr(inp, field, bad)
+    with pytest.raises(PolicyInputError, match=expected_name):
+        check_input(inp)
+    with pytest.raises(PolicyInputError):  # and a policy call checks before deciding
+        ExactMatch()(inp)
+
+
+def test_get_unknown_name_lists_the_known_names():
+    with pytest.raises(MinispecError) as err:
+        acceptance.get("greedy-ish")
+    for name in ("exact", "sampling", "typical", "dropmatch", "dropmatch-lazy"):
+        assert name in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_get_builds_by_name_with_options():
+    policy = acceptance.get("typical", eps=0.2, delta=0.5)
+    assert isinstance(policy, TypicalAcceptance) and (policy.eps, policy.delta) == (0.2, 0.5)
+    assert acceptance.get(policy) is policy
+    assert set(acceptance.available()) >= {"exact", "sampling", "typical", "dropmatch", "dropmatch-lazy"}
+    with pytest.raises(MinispecError, match="options"):
+        acceptance.get(policy, eps=0.1)  # options go to the constructor, not with an object
+
+
+def test_register_a_user_policy():
+    policy = acceptance.get("test-accept-nothing")
+    assert isinstance(policy, AcceptNothing) and policy.name == "test-accept-nothing"
+    assert decided(policy(_good_input())) == (0, 0)
+    with pytest.raises(ValueError, match="already registered"):
+        register("exact")(AcceptNothing)
+
+
+def test_call_rejects_a_num_accepted_out_of_range():
+    with pytest.raises(PolicyInputError, match="num_accepted"):
+        AcceptTooMuch()(_good_input())
+
+
+def test_first_rejection_is_the_prefix_rule():
+    assert first_rejection(torch.tensor([True, True, False, True])) == 2  # the last True is discarded
+    assert first_rejection(torch.tensor([True, True])) == 2
+    assert first_rejection(torch.tensor([], dtype=torch.bool)) == 0
+
+
+@pytest.mark.parametrize("build, name", [
+    (lambda: TypicalAcceptance(eps=0.0), "eps"),
+    (lambda: TypicalAcceptance(eps=1.5), "eps"),
+    (lambda: TypicalAcceptance(delta=0.0), "delta"),
+])
+def test_bad_policy_options_are_one_line_errors_naming_the_parameter(build, name):
+    with pytest.raises(MinispecError) as err:
+        build()
+    assert name in str(err.value) and "\n" not in str(err.value)
+

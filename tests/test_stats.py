@@ -1,0 +1,28 @@
+"""minispec.stats: tau counts the correction/bonus token, and policies' counts are summed."""
+
+from minispec.stats import StepStats
+
+
+def test_tau_counts_the_correction_or_bonus_token_of_every_step():
+    stats = StepStats(gamma=3)
+    stats.record(num_drafted=3, num_accepted=3, info={})  # 3 drafts + the bonus: 4 tokens
+    stats.record(num_drafted=3, num_accepted=0, info={})  # the correction only: 1 token
+    stats.record(num_drafted=1, num_accepted=1, info={})  # a short draft, accepted, + bonus: 2 tokens
+    s = stats.summary()
+    assert s["tau"] == (4 + 1 + 2) / 3
+    assert s["acceptance_rate"] == 4 / 7
+    assert s["per_position_acceptance"] == [2 / 3, 1 / 2, 1 / 2]
+    assert s["accepted_length_histogram"] == [1, 1, 0, 1]
+
+
+def test_no_step_is_tau_one_and_no_draft_is_acceptance_zero():
+    s = StepStats(gamma=2).summary()
+    assert s["tau"] == 1.0 and s["acceptance_rate"] == 0.0 and s["per_position_acceptance"] == [None, None]
+
+
+def test_numeric_policy_info_is_summed_over_steps_and_the_rest_ignored():
+    stats = StepStats(gamma=2)
+    stats.record(2, 1, {"accepted_by_dropmatch_only": 1, "positions": 3, "note": "x", "flag": True})
+    stats.record(2, 2, {"accepted_by_dropmatch_only": 2, "positions": 3})
+    stats.record(2, 0, {})
+    assert stats.summary()["policy_info"] == {"accepted_by_dropmatch_only": 3, "positions": 6}
