@@ -56,7 +56,6 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     model.load_state_dict(state, strict=True, assign=True)
     if config.tie_word_embeddings:  # assign=True replaced the parameters: tie them again
         model.lm_head.weight = model.embed_tokens.weight
-    model.source = folder
     return model.eval()
 
 
@@ -64,7 +63,8 @@ def map_tensor(folder: str | Path, name: str) -> torch.Tensor | None:
     """One tensor as a view of the memory-mapped checkpoint file, in the file's dtype; None if absent.
 
     Nothing is read until used: a page of the file becomes resident only when a row on it is read
-    (minispec.fast keeps the embedding table this way: only the rows of tokens seen are paged in).
+    (minispec.kernels.packed keeps the embedding table this way: only the rows of tokens seen are
+    paged in).
     """
     for file in _shard_files(Path(folder)):
         with safe_open(file, framework="pt") as f:

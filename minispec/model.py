@@ -193,27 +193,26 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         # float64, outside the module's buffers so .to(bfloat16) never rounds the frequencies
         self._inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        # dtype of activations, RoPE tables and the K/V cache; None = the weights' dtype.
-        # minispec.fast sets float32 (bf16 weights, float32 arithmetic around the matmuls).
-        self.compute_dtype: torch.dtype | None = None
-        self.weights_dtype: torch.dtype | None = None  # None: embed_tokens.weight's dtype
-        self.source = None  # the checkpoint folder, when loaded from one (checkpoint.load_model)
 
     @property
     def dtype(self) -> torch.dtype:
-        """The weights' dtype (minispec.fast records it: its packed weights are opaque)."""
-        return self.weights_dtype or self.embed_tokens.weight.dtype
+        """The weights' dtype; activations, RoPE tables and the K/V cache use it too."""
+        return self.embed_tokens.weight.dtype
 
     @property
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None) -> KVCache:
-        """An empty KVCache for this model (default length: max_position_embeddings)."""
+    def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None, num_layers: int | None = None) -> KVCache:
+        """An empty KVCache for this model: the one way to build one.
+
+        max_seq_len defaults to max_position_embeddings; num_layers (an early-exit draft's N)
+        defaults to every layer. K/V are stored in the activations' dtype, here the weights'.
+        """
         c = self.config
         return KVCache(
-            c.num_layers, batch_size, c.num_kv_heads, max_seq_len or c.max_position_embeddings, c.head_dim,
-            dtype=self.compute_dtype or self.dtype, device=self.device,
+            num_layers or c.num_layers, batch_size, c.num_kv_heads, max_seq_len or c.max_position_embeddings,
+            c.head_dim, dtype=self.dtype, device=self.device,
         )
 
     def forward_hidden(
@@ -223,18 +222,16 @@ class Transformer(nn.Module):
 
         input_ids: [B, T]. With a cache, the tokens go at positions [cache.length, cache.length+T)
         and the cache advances by T. `num_layers` runs only the first N blocks (early exit);
-        the cache must then have N layers.
+        the cache must then have at least N layers.
         """
         B, T = input_ids.shape
         start = 0 if cache is None else cache.length
         if cache is not None:
             cache.check_room(T)
+        x = self.embed_tokens(input_ids)  # [B, T, d]; its dtype is the activations' dtype
         positions = torch.arange(start, start + T, device=input_ids.device)
-        compute_dtype = self.compute_dtype or self.dtype
-        cos, sin = rope_cos_sin(positions, self._inv_freq.to(input_ids.device), compute_dtype)
+        cos, sin = rope_cos_sin(positions, self._inv_freq.to(input_ids.device), x.dtype)
         mask = causal_mask(start, T, input_ids.device)
-
-        x = self.embed_tokens(input_ids).to(compute_dtype)  # [B, T, d]
         for block in self.layers[:num_layers]:
             x = block(x, cos, sin, mask, cache)
         if cache is not None:

@@ -35,13 +35,13 @@ def real_tokenizer(real_ckpt):
 
 @pytest.fixture(scope="session")
 def real_fast_model(real_ckpt):
-    """The real checkpoint through minispec.fast (packed, fused weights), float32."""
-    from minispec import fast, load_model
+    """The real checkpoint with the fast kernels (packed, fused weights; embedding mapped from the file), float32."""
+    from minispec import kernels, load_model
 
-    return fast.optimize(load_model(real_ckpt))
+    return kernels.apply(load_model(real_ckpt), "fast", checkpoint=real_ckpt)
 
 
 @pytest.fixture(params=["reference", "fast"])
 def real_model_any(request):
-    """The real checkpoint, once per kernel path: the same checks must hold on both."""
+    """The real checkpoint, once per kernels kind that computes its function: the same checks must hold on both."""
     return request.getfixturevalue("real_model" if request.param == "reference" else "real_fast_model")

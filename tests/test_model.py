@@ -48,6 +48,19 @@ def test_truncate_then_refeed_equals_never_fed(cfg, seed, data):
     torch.testing.assert_close(got, full_logits(model, prefix + accepted)[len(prefix):], atol=ATOL, rtol=0)
 
 
+@given(cfg=model_configs(), seed=seeds, data=st.data())
+def test_early_exit_through_its_own_smaller_cache_equals_a_full_early_exit_pass(cfg, seed, data):
+    model = random_model(cfg, seed)
+    n = data.draw(st.integers(1, cfg.num_layers), label="num_layers")
+    tokens = data.draw(st.lists(st.integers(0, cfg.vocab_size - 1), min_size=2, max_size=12), label="tokens")
+    cut = data.draw(st.integers(1, len(tokens) - 1), label="cut")
+    cache = model.new_cache(1, 16, num_layers=n)  # what an early-exit draft with its own cache holds
+    assert cache.num_layers == n
+    pieces = [model.forward_hidden(torch.tensor([part]), cache, num_layers=n)[0] for part in (tokens[:cut], tokens[cut:])]
+    want = model.forward_hidden(torch.tensor([tokens]), num_layers=n)[0]  # [T, d]
+    torch.testing.assert_close(torch.cat(pieces), want, atol=ATOL, rtol=0)
+
+
 @given(cfg=model_configs(), seed=seeds)
 def test_batch_rows_are_independent(cfg, seed):
     model = random_model(cfg, seed)

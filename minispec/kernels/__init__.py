@@ -1,0 +1,74 @@
+"""Opt-in speed for the same model: one call rewrites a loaded Transformer in place.
+
+    model = minispec.load_model(folder, dtype=torch.bfloat16)
+    minispec.kernels.apply(model, "fast", checkpoint=folder)
+
+Kinds (KINDS):
+  reference  model.py as written: no change.
+  fast       kernels/packed.py: fused q/k/v and gate/up projections, weights packed once into
+             oneDNN's layout, float32 activations between the matmuls. Same function.
+  compiled   kernels/compiled.py: fast's blocks with dense weights, the decoding steps compiled
+             by TorchInductor (call kernels.compiled.warm_up before a timed run). Same function.
+  int8       kernels/int8.py: fast's blocks with weight-only int8 linear layers. Lossy: the
+             self:int8 draft's kind, not a way to run a target.
+
+The rewrite swaps modules (blocks, final norm, LM head, embedding) and turns the object into a
+subclass of model.Transformer that overrides only what differs; model.py itself holds no kernel
+state. It happens in place and returns the same object, because others may hold it: an
+early-exit drafter drafts with the target itself. It cannot be undone: load the model again for
+another kind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from minispec.errors import MinispecError
+from minispec.kernels import compiled, int8, packed
+from minispec.model import Transformer
+
+KINDS = ("reference", "fast", "compiled", "int8")
+
+_APPLY = {"fast": packed.apply, "compiled": compiled.apply, "int8": int8.apply}
+
+
+def kind_of(model: Transformer) -> str:
+    """Which kind `model` is: "reference" for a Transformer as loaded, else the kind applied."""
+    return model.kind if isinstance(model, packed.FastTransformer) else "reference"
+
+
+def apply(model: Transformer, kind: str, *, checkpoint: str | Path | None = None) -> Transformer:
+    """Rewrite `model` in place to `kind` (one of KINDS) and return it (the same object).
+
+    checkpoint: the folder the model was loaded from; the fast kinds then map the embedding
+    table from the file instead of keeping a second resident copy of it (kernels/packed.py,
+    point 5). Applying the kind a model already has does nothing. Raises MinispecError (one
+    line, naming --kernels) for an unknown kind, a model already rewritten to another kind, a
+    dtype other than float32 / bfloat16, a model not on the CPU, a torch build without oneDNN
+    (fast), no C++ compiler (compiled), layer widths the int8 kernel cannot take, or a checkpoint
+    that does not hold the model's embedding table. Every check runs before anything is changed.
+    """
+    if kind not in KINDS:
+        raise MinispecError(f"--kernels {kind!r}: unknown kind; expected one of {', '.join(KINDS)}")
+    current = kind_of(model)
+    if current == kind:
+        return model
+    if current != "reference":
+        raise MinispecError(f"--kernels {kind}: the model was already rewritten to '{current}'; "
+                            "expected a freshly loaded (reference) model")
+    if kind == "reference":
+        return model
+    return _APPLY[kind](model, checkpoint)
+
+
+def apply_drafter(drafter, kind: str) -> None:
+    """Apply `kind` to the drafter's own model, if it has one that is still a reference model.
+
+    Nothing to do for a drafter without a model (n-gram), for one drafting with the target
+    itself (early exit: apply the target first, which rewrites it for both) or for a self:int8
+    copy (already int8). A separate draft model gets a private embedding table (no checkpoint).
+    """
+    from minispec.drafters import ModelDrafter
+
+    if isinstance(drafter, ModelDrafter) and kind_of(drafter.model) == "reference":
+        apply(drafter.model, kind)
