@@ -125,13 +125,13 @@ def run(args: GenerateArgs) -> dict:
     tokenizer = load_tokenizer(ckpt)
     drafter = make_drafter(args.draft, model)  # before the kernels: a self-draft copies the loaded weights
     kind = args.kernels
-    if kind == "fast" and (device.type != "cpu" or model.dtype not in (torch.float32, torch.bfloat16)):
+    if kind == "fast" and (device.type != "cpu" or model.dtype not in kernels.packed.SUPPORTED_DTYPES):
         kind = "reference"  # the default falls back where packed weights do not apply (float64, not CPU)
-    if kind == "compiled" and not args.json:
-        print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
     kernels.apply(model, kind, checkpoint=ckpt)
-    kernels.apply_drafter(drafter, kind)
+    kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
     if kind == "compiled":
+        if not args.json:
+            print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
         kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
     policy = _policy(args)
     if args.chat:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from minispec import fast, load_model
+from minispec import kernels, load_model
 from minispec.config import ModelConfig
 from minispec.testing import model_configs, seeds
 
@@ -62,6 +62,6 @@ def test_logits_match_transformers(cfg, seed, tmp_path_factory):
         cache = ours.new_cache(2, 40)
         chunked = torch.cat([ours(ids[:, :20], cache), ours(ids[:, 20:], cache)], dim=1)
         assert (chunked - want).abs().max().item() <= 1e-4
-        # and the fast path (minispec.fast: packed, fused weights) against the same reference
-        optimized = fast.optimize(load_model(folder))
+        # and the fast path (minispec.kernels "fast": packed, fused weights) against the same reference
+        optimized = kernels.apply(load_model(folder), "fast", checkpoint=folder)
         assert (optimized(ids) - want).abs().max().item() <= 1e-4
