@@ -3,20 +3,21 @@
 For each verify step (a `minispec.speculative.StepRecord`) it prints what the loop in
 speculative.py did, with the real numbers:
 
-    step 3: context 41 tokens, drafter ngram:3 proposed 3
-      row 0  draft ' Paris'    p_target 0.981  q_draft 1.000 | target's choice ' Paris' (0.981)  accepted
-      row 1  draft '.'         p_target 0.002  q_draft 1.000 | target's choice ' is' (0.944)     rejected
-      row 2  draft ' It'       p_target -      q_draft 1.000 | -                                 not reached
-      row 3  bonus row                                     | target's choice ' The' (0.512)
-      decision exact: 1 of 3 accepted; the correction ' is' comes from row 1
-      rollback: target cache 44 -> 42 (keeps the context and d_1); draft cache none
-      emitted ' Paris is'
+    step 2: context 51 tokens, drafter ngram:3 proposed 3
+      row 0  draft ' the'       p_target 0.394  q_draft 1.000 | target's top ' lazy'      (0.598)  rejected
+      row 1  draft ' lazy'      p_target 1.000  q_draft 1.000 | -                                  not reached
+      row 2  draft ' dog'       p_target 0.999  q_draft 1.000 | -                                  not reached
+      row 3  bonus row                                        | target's top '.'          (0.898)
+      decision exact: 0 of 3 accepted; the correction ' lazy' comes from row 0
+      rollback: target cache 54 -> 51 (keeps the context); draft cache none
+      emitted ' lazy'
 
 Row i of the verify pass scores draft i+1 (its p_target is the target's probability of that
 draft token, its q_draft the draft's); the last row is the bonus position. `p_target` and the
-target's choice use the post-processed distribution (one-hot at temperature 0, where the
-target's choice is the argmax); at temperature 0 the raw softmax probability is shown instead so
-that the numbers say how sure the target was. Under speculative sampling a draft is kept with
+target's top token use the post-processed distribution; at temperature 0, where that is one-hot
+on the argmax, the raw softmax probability is shown instead so that the numbers say how sure the
+target was. Rows after the first rejection were computed too (one pass scores them all) but
+decide nothing. Under speculative sampling a draft is kept with
 probability min(1, p_target / q_draft), shown as `keep`.
 """
 
@@ -49,19 +50,20 @@ class Tracer:
         choice = inp.target_logits.argmax(dim=-1) if greedy else inp.p_target.argmax(dim=-1)  # [g+1]
         context = record.target_cache[0] - g  # the committed sequence's length: cache + last token
         lines = [f"step {record.index}: context {context} tokens, drafter {self.drafter_name} proposed {g}"]
+        width = 48 if greedy else 60  # the draft side of a row: token, p_target, q_draft (and keep)
         for i in range(g + 1):
             best = int(choice[i])
-            target_side = f"target's choice {self.piece(best):<12} ({float(belief[i, best]):.3f})"
+            target_side = f"target's top {self.piece(best):<12} ({float(belief[i, best]):.3f})"
             if i == g:
-                lines.append(f"  row {i}  {'bonus row':<44} | {target_side}")
+                lines.append(f"  row {i}  {'bonus row':<{width}} | {target_side}")
                 continue
             d = int(inp.draft_tokens[i])
             p_d, q_d = float(belief[i, d]), float(inp.q_draft[i, d])
             verdict = "accepted" if i < n else ("rejected" if i == n else "not reached")
             keep = f"  keep {min(1.0, float(inp.p_target[i, d]) / q_d):.3f}" if not greedy and q_d > 0 else ""
-            shown = target_side if i <= n else "-"
-            lines.append(f"  row {i}  draft {self.piece(d):<12} p_target {p_d:.3f}  q_draft {q_d:.3f}{keep} | "
-                         f"{shown}  {verdict}")
+            draft_side = f"draft {self.piece(d):<12} p_target {p_d:.3f}  q_draft {q_d:.3f}{keep}"
+            shown = target_side if i <= n else f"{'-':<{len(target_side)}}"
+            lines.append(f"  row {i}  {draft_side:<{width}} | {shown}  {verdict}")
         if g == 0:
             decided = f"nothing drafted; the target's token {self.piece(decision.next_token)} comes from row 0"
         else:

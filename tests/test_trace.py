@@ -48,7 +48,7 @@ def test_the_trace_matches_the_loops_steps(cfg, seed, gamma, temperature, policy
         before, after = record.target_cache
         assert f"target cache {before} -> {after} " in block
         assert f"emitted '{''.join(f'<{t}>' for t in record.emitted)}'" in block
-        if temperature == 0:  # the target's choice on rows up to the decision is its argmax
+        if temperature == 0:  # the target's top on rows up to the decision is its argmax
             for i in range(min(n, g) + 1):
                 best = int(record.inp.target_logits[i].argmax())
-                assert re.search(rf"^  row {i} .*target's choice '<{best}>'", block, flags=re.M)
+                assert re.search(rf"^  row {i} .*target's top '<{best}>'", block, flags=re.M)
