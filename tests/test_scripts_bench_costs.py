@@ -1,0 +1,154 @@
+"""scripts/bench_verify_cost.py, bench_dropmatch_cost.py and bench_memory.py on a tiny model, and
+the pieces of scripts/benchlib.py they share."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import bench_dropmatch_cost  # noqa: E402
+import bench_memory  # noqa: E402
+import bench_verify_cost  # noqa: E402
+import benchlib  # noqa: E402
+
+from minispec.testing import random_model, tiny_config  # noqa: E402
+
+# ------------------------------------------------------------------------------- verify cost
+
+
+def test_speculation_ceiling_is_the_step_cost_over_a_decode_step():
+    costs = {1: 10.0, 4: 12.0, 6: 15.0}
+    free = bench_verify_cost.speculation_ceiling(costs, draft_ms=0.0, gamma=3, target=1.8)
+    assert free["step_ms"] == 12.0
+    assert free["tau_needed"] == pytest.approx(1.8 * 12.0 / 10.0)  # tau * 10 / 12 = 1.8
+    assert free["best_speedup"] == pytest.approx(4 * 10.0 / 12.0)
+    costly = bench_verify_cost.speculation_ceiling(costs, draft_ms=4.0, gamma=5, target=1.8)  # 5 drafts of 4 ms + 15
+    assert costly["step_ms"] == 35.0
+    assert costly["tau_needed"] == pytest.approx(6.3) and costly["tau_needed"] > 5 + 1  # out of reach
+    assert costly["best_speedup"] == pytest.approx(6 * 10.0 / 35.0)
+    result = {"run": benchlib.finish_record(benchlib.run_record("bench_verify_cost", [])), "settings": {"target": 1.8},
+              "passes": [{"dtype": "float32", "kernels": "fast", "context": 700, "pass_ms": costs}],
+              "ceilings": [{"dtype": "float32", "kernels": "fast", "drafter": "self:int8", **costly}]}
+    text = bench_verify_cost.render(result)
+    assert "| float32 | fast | 700 | 10.0 | 12.0 | 15.0 | 1.20 | 1.50 |" in text
+    assert "| float32 | fast | self:int8 | 5 | 4.00 | 35.0 | **6.30** (> gamma+1) | 1.71x |" in text
+
+
+def test_pass_costs_rolls_every_pass_back():
+    model = random_model(tiny_config(), 0, dtype=torch.float32)
+    # the cache has room for the context and one pass: a pass not rolled back would overflow it
+    costs = bench_verify_cost.pass_costs(model, list(range(1, 20)), rows=(1, 3), reps=2)
+    assert set(costs) == {1, 3} and all(v > 0 for v in costs.values())
+    assert bench_verify_cost.ngram_draft_ms([1, 2, 3, 1, 2], gamma=3, vocab_size=model.config.vocab_size, reps=2) > 0
+
+
+# ------------------------------------------------------------------------------ DropMatch cost
+
+
+def test_replay_costs_replays_real_steps_for_every_variant():
+    pytest.importorskip("minispec.acceptance.dropmatch_lazy")
+    model = random_model(tiny_config(), 0, dtype=torch.float64)  # float64: no near-ties between variants
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5]]  # repetitive: the n-gram drafter finds matches
+    rows = bench_dropmatch_cost.replay_costs(model, prompts, gamma=3, max_new_tokens=12, eos=[], reps=1)
+    assert [r["variant"] for r in rows] == list(bench_dropmatch_cost.VARIANTS)
+    for row in rows:
+        assert row["prompts"] == 2 and row["steps"] >= 2 and row["verify_ms_per_step"] > 0
+        assert row["extra_share"] is not None  # a number (either sign on a tiny model)
+    assert rows[0]["path_positions_per_step"] is None  # plain DropMatch: every position, no count
+    lazy = rows[1:]
+    assert all(0 <= r["path_positions_per_step"] <= 3 for r in lazy)  # at most the drafted positions of a step
+    # the same decisions, so the same positions need paths; prefetching more can only save head calls
+    assert len({round(r["path_positions_per_step"], 9) for r in lazy}) == 1
+    calls = [r["path_head_calls_per_step"] for r in lazy]
+    assert calls == sorted(calls, reverse=True)
+
+
+def test_verify_step_scores_the_requested_rows_in_the_head_call():
+    """The replay feeds a policy's extra rows through the head with the clean rows, as the loop does."""
+    from minispec import acceptance
+    from minispec.sampling import SamplingParams, logits_to_probs
+
+    model = random_model(tiny_config(), 0, dtype=torch.float64)
+    hidden = model.forward_hidden(torch.tensor([[1, 2, 3]]))[0]  # [3, d]: gamma = 2
+    logits = model.head(hidden)
+    params = SamplingParams(0.0)
+    draft = logits[:2].argmax(-1)  # the target's own argmax: exact accepts both
+    step = acceptance.VerifyInput(draft, torch.nn.functional.one_hot(draft, logits.shape[-1]).double(), logits,
+                                  logits_to_probs(logits, params), params, torch.Generator(), None,
+                                  hidden=hidden, head=model.head)
+    seen = []
+
+    class Asking(acceptance.ExactMatch):
+        def extra_head_rows(self, hidden):
+            return 2 * hidden[:1]  # [1, d]
+
+        def decide(self, inp):
+            seen.append(inp.extra_logits)
+            return super().decide(inp)
+
+    decision = bench_dropmatch_cost.verify_step(Asking(), step)
+    assert decision.num_accepted == 2
+    torch.testing.assert_close(seen[0], model.head(2 * hidden[:1]))
+
+
+# -------------------------------------------------------------------------------------- memory
+
+
+def test_kv_bytes_per_position_counts_k_and_v_of_every_layer():
+    config = tiny_config()
+    model = random_model(config, 0, dtype=torch.float32)
+    expected = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+    assert bench_memory._kv_bytes_per_position(model) == expected
+    assert bench_memory._kv_bytes_per_position(model, num_layers=1) == expected // config.num_layers
+
+
+# ------------------------------------------------------------------------------------ benchlib
+
+
+def test_weights_bytes_counts_a_tied_head_once():
+    tied = random_model(tiny_config(tie_word_embeddings=True), 0, dtype=torch.float32)
+    untied = random_model(tiny_config(tie_word_embeddings=False), 0, dtype=torch.float32)
+    head_bytes = untied.lm_head.weight.numel() * 4
+    assert benchlib.weights_bytes(untied) - benchlib.weights_bytes(tied) == head_bytes
+
+
+def test_time_interleaved_warms_up_then_takes_turns():
+    calls = []
+    seconds = benchlib.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, reps=3)
+    assert calls == ["a", "b"] * 4 and set(seconds) == {"a", "b"} and all(s >= 0 for s in seconds.values())
+
+
+def test_list_flags_keep_order_drop_repeats_and_reject_bad_items():
+    assert benchlib.number_list(int, "--gammas", 1)("5,3,5") == (5, 3)
+    assert benchlib.name_list("--kernels", benchlib.KERNELS)("fast,reference,fast") == ("fast", "reference")
+    for parse, text in ((benchlib.number_list(float, "--t", 0), "nan"), (benchlib.number_list(int, "--g", 1), ""),
+                        (benchlib.name_list("--kernels", benchlib.KERNELS), "fast,int4")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
+
+
+def test_run_record_names_the_code_the_checkpoint_and_the_machine(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}')
+    record = benchlib.finish_record(benchlib.run_record("bench_speed", ["--prompts", "2", "a b"], tmp_path))
+    assert record["command"] == "python scripts/bench_speed.py --prompts 2 'a b'"
+    assert record["checkpoint"]["architecture"] == "Qwen3ForCausalLM" and record["checkpoint"]["name"] == tmp_path.name
+    assert record["torch"] == torch.__version__ and record["machine"]["cores"] >= 1 and record["wall_seconds"] >= 0
+    assert "_t0" not in record
+    text = benchlib.record_markdown(record)
+    assert "`python scripts/bench_speed.py --prompts 2 'a b'`" in text and "Qwen3ForCausalLM" in text
+
+
+def test_memory_child_reports_the_rise_of_a_real_generation(real_ckpt, tmp_path):
+    import json
+
+    assert bench_memory.main(["--ckpt", str(real_ckpt), "--dtypes", "bfloat16", "--kernels", "reference",
+                              "--new-tokens", "2", "--out", str(tmp_path)]) == 0
+    [row] = json.loads((tmp_path / "bench_memory.json").read_text())["rows"]
+    from minispec import load_model
+
+    assert row["weights_bytes"] == benchlib.weights_bytes(load_model(real_ckpt, dtype=torch.bfloat16))
+    assert row["tokens"] == 2 and row["peak_rise_bytes"] >= row["after_load_rise_bytes"] > 0
