@@ -1,12 +1,14 @@
 """Acceptance policies: how much of a draft to keep, and which token follows it.
 
-    name        lossless?        rule (d_i the draft token, p the target's distribution, q the draft's)
-    ---------   --------------   ------------------------------------------------------------------
-    exact       yes (greedy)     accept d_i iff d_i == argmax p; correction / bonus: argmax
-    sampling    yes (any T)      accept d_i with prob. min(1, p(d_i)/q(d_i)); correct from norm(max(0, p-q))
-    typical     no               accept d_i iff p(d_i) > min(eps, delta * exp(-H(p)))   (Medusa)
-    dropmatch   no               K dropout paths through the LM head: JS radius test, else majority vote,
-                                 OR-ed with the base (exact at T = 0, sampling at T > 0)
+    name            lossless?      rule (d_i the draft token, p the target's distribution, q the draft's)
+    --------------  -------------  --------------------------------------------------------------------
+    exact           yes (greedy)   accept d_i iff d_i == argmax p; correction / bonus: argmax
+    sampling        yes (any T)    accept d_i with prob. min(1, p(d_i)/q(d_i)); correct from norm(max(0, p-q))
+    typical         no             accept d_i iff p(d_i) > min(eps, delta * exp(-H(p)))   (Medusa)
+    dropmatch       no             K dropout paths through the LM head: JS radius test, else majority vote,
+                                   OR-ed with the base (exact at T = 0, sampling at T > 0); Algorithm 1 as written
+    dropmatch-lazy  no             dropmatch's decisions, by exact shortcuts: paths only where a verdict is
+                                   needed, votes from row maxima, the JS radius through a TV bound
 
 The interface (VerifyInput -> Decision), the input check and the registry are in base.py; each
 policy has its own file. `get("dropmatch", p=0.3, paths=5)` builds one by name; `register`
@@ -16,6 +18,7 @@ adds your own.
 from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputError, VerifyInput, available,
                                       check_input, first_rejection, get, register)
 from minispec.acceptance.dropmatch import DropMatch
+from minispec.acceptance.dropmatch_lazy import LazyDropMatch
 from minispec.acceptance.exact import ExactMatch
 from minispec.acceptance.sampling import SpeculativeSampling
 from minispec.acceptance.typical import TypicalAcceptance
@@ -23,5 +26,5 @@ from minispec.acceptance.typical import TypicalAcceptance
 __all__ = [
     "AcceptancePolicy", "VerifyInput", "Decision", "PolicyInputError", "register", "get", "available",
     "check_input", "first_rejection",
-    "ExactMatch", "SpeculativeSampling", "TypicalAcceptance", "DropMatch",
+    "ExactMatch", "SpeculativeSampling", "TypicalAcceptance", "DropMatch", "LazyDropMatch",
 ]

@@ -1,0 +1,244 @@
+"""LazyDropMatch: DropMatch's decisions, doing only the dropout work a decision needs.
+
+DropMatch (dropmatch.py) runs all K paths of all gamma+1 positions through the LM head and
+evaluates every criterion everywhere: Algorithm 1 as written. Most of that work cannot change
+the decision. This class keeps Algorithm 1's decisions and skips it, by five shortcuts that are
+exact, not approximations:
+
+1. Paths only where a verdict is needed. Position i's paths decide position i only. With
+   or_base, a position the base accepts is accepted whatever the paths say; and the prefix rule
+   discards everything after the first rejection. So decide() walks the drafted positions in
+   order, scores a position's K path rows (one head call on [K, d]) only when the base has not
+   accepted it, and stops at the first rejection. The bonus position never needs them.
+
+2. Prefetch. extra_head_rows(hidden) hands the loop the K rows of the first `prefetch` drafted
+   positions (default 1: a weak or n-gram drafter's first draft is the one the base most often
+   rejects); the loop scores them in the verify's own head call, so W is read once for them,
+   and their logits arrive as inp.extra_logits.
+
+3. Votes from row maxima (draft_votes). torch.argmax takes the lowest id among equal maxima, so
+   y_k = d_i  <=>  l_k[d_i] = max_v l_k[v]  and  l_k[v] < l_k[d_i] for every v < d_i.
+   The vote needs K row maxima and a look at the ids below d_i only where the first holds. With
+   js_or_majority the criterion is an OR, so a position the vote accepts skips the JS test.
+
+4. JS to a one-hot draft in closed form (js_to_one_hot). For q = delta_d (an n-gram draft) and
+   a = pbar[d]: every entry v != d has m_v = pbar_v / 2 and contributes pbar_v ln 2 / 2, so
+       JS(delta_d || pbar) = ln 2 + 1/2 (a ln a - (1 + a) ln(1 + a)),   0 at a = 1, ln 2 at a = 0.
+
+5. The radius by a bound (js_acceptance). "JS(q || pbar) <= max_k JS(p_k || pbar)" holds iff
+   some path reaches JS(q || pbar), and
+       JS(a || b) <= ln 2 * TV(a, b),   TV(a, b) = 1/2 sum_v |a_v - b_v|,
+   since each entry f(a, b) = 1/2 a ln(2a/(a+b)) + 1/2 b ln(2b/(a+b)) is convex along a + b = s,
+   0 at a = b and s ln 2 / 2 at a = 0 or b = 0, so below its chords, ln 2 |a - b| / 2. A path
+   whose bound is below JS(q || pbar) cannot reach it; the others are tried largest TV first,
+   with the exact JS, until one reaches. RADIUS_BOUND_SLACK keeps the bound above the computed
+   JS whatever the round-off of the two sums, so no path the full computation would count is
+   skipped.
+
+The same masks. The masks of a step are drawn for every (path, position), from the policy's own
+generator, in the same order and shape as DropMatch draws them, also for the positions never
+used: so after the same steps both classes hold the same generator state and see the same masks.
+
+State between the hook and decide. The hook runs before decide in each loop step, but decide
+may also run alone (tests, a caller without the hook). extra_head_rows draws the step's masks
+and keeps them, with the generator state before the draw and the hidden tensor they were drawn
+for, until the next decide:
+- decide with that same hidden tensor uses those masks, and inp.extra_logits (if present) as
+  the prefetched positions' logits;
+- decide with another input rewinds the generator to the kept state and draws again, so the
+  masks are the ones DropMatch would draw, and computes every path row itself;
+- a second hook call with no decide in between rewinds first: the generator advances once per
+  decided step, as DropMatch's does. reset() drops what the hook kept.
+
+Round-off. The lazy class scores path rows in smaller head calls than DropMatch's one, and a
+BLAS may sum a row's dot product in an order that depends on how many rows share the call; the
+closed form of shortcut 4 also rounds differently from a sum over the vocabulary. So the two
+classes can differ only at a verdict on a float tie: two of a head's top logits within the last
+bits of each other, or JS(q || pbar) within round-off of the radius. Given the same logits for
+the same rows, every other decision is DropMatch's.
+
+Decision.info (integer counts): accepted_by_dropmatch_only as DropMatch; path_positions (drafted
+positions whose verdict needed the paths) and path_head_calls (head calls beyond the verify's).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from minispec.acceptance.base import Decision, VerifyInput, first_rejection, register
+from minispec.acceptance.dropmatch import DropMatch, head_inputs, js_divergence, vote_acceptances
+from minispec.errors import MinispecError
+from minispec.sampling import greedy_token
+
+LN2 = math.log(2.0)
+RADIUS_BOUND_SLACK = 1e-4  # far above the round-off of a float32 JS or TV sum over the vocabulary
+
+
+def draft_votes(path_logits: torch.Tensor, draft_token: int) -> int:
+    """How many heads' argmax (lowest id on ties) is the draft: path_logits [K, V] -> int."""
+    row_max = path_logits.amax(dim=-1)  # [K]
+    chose = path_logits[:, draft_token] == row_max  # [K]: the draft holds the row's maximum
+    for k in chose.nonzero()[:, 0].tolist():  # does a lower id tie it (and win the argmax)?
+        if bool((path_logits[k, :draft_token] == row_max[k]).any()):
+            chose[k] = False
+    return int(chose.sum())
+
+
+def js_to_one_hot(prob_at_draft: torch.Tensor) -> torch.Tensor:
+    """JS(delta_d || b) from a = b[d] alone: [...] -> [...] (shortcut 4 in the module docstring)."""
+    a = prob_at_draft
+    return (LN2 + 0.5 * (torch.xlogy(a, a) - torch.xlogy(1 + a, 1 + a))).clamp(min=0)
+
+
+def js_acceptance(path_logits: torch.Tensor, centroid_logits: torch.Tensor, draft_probs: torch.Tensor,
+                  temperature: float, one_hot_at: int | None = None) -> bool:
+    """JS(q || pbar) <= max_k JS(p_k || pbar), at one position (shortcut 5 in the module docstring).
+
+    path_logits [K, V] (l_k), centroid_logits [V] (mean_k l_k), draft_probs [V] (q); one_hot_at:
+    the draft token when q is one-hot there (its JS is then js_to_one_hot's).
+    """
+    centroid_probs = torch.softmax(centroid_logits / temperature, dim=-1)  # [V]: pbar
+    if one_hot_at is not None:
+        js_draft = float(js_to_one_hot(centroid_probs[one_hot_at]))
+    else:
+        js_draft = float(js_divergence(draft_probs, centroid_probs))
+    head_probs = torch.softmax(path_logits / temperature, dim=-1)  # [K, V]: p_k
+    tv = 0.5 * (head_probs - centroid_probs).abs().sum(dim=-1)  # [K]: TV(p_k, pbar)
+    for k in tv.argsort(descending=True).tolist():  # the likeliest path to reach it first
+        if LN2 * float(tv[k]) + RADIUS_BOUND_SLACK < js_draft:
+            return False  # this path's bound, and every later one's, is below JS(q || pbar)
+        if float(js_divergence(head_probs[k], centroid_probs)) >= js_draft:
+            return True
+    return False
+
+
+class DropoutPaths:
+    """The K path logits of one step, position by position, each computed on first use.
+
+    hidden [gamma+1, d] and masks [K, gamma+1, d] (the step's, all drawn up front) give path k at
+    position i as head(h_i * m_ki / (1-p)); prefetched [K, n, V] holds the first n positions'
+    logits from the verify's head call. With p = 0 there are no masks: every path is the clean
+    row of clean_logits [gamma+1, V]. `asked` counts the positions asked for, `head_calls` the
+    head calls made here.
+    """
+
+    def __init__(self, hidden: torch.Tensor, masks: torch.Tensor | None, p: float,
+                 head: Callable[[torch.Tensor], torch.Tensor], clean_logits: torch.Tensor,
+                 prefetched: torch.Tensor | None, num_paths: int) -> None:
+        self.hidden, self.masks, self.p, self.head = hidden, masks, p, head
+        self.clean_logits, self.num_paths = clean_logits, num_paths
+        self._logits = {} if prefetched is None else {i: prefetched[:, i] for i in range(prefetched.shape[1])}
+        self.asked = 0
+        self.head_calls = 0
+
+    def at(self, i: int) -> torch.Tensor:
+        """Path logits [K, V] at position i."""
+        self.asked += 1
+        if self.masks is None:  # p = 0: the clean head, bitwise
+            return self.clean_logits[i].expand(self.num_paths, -1)
+        if i not in self._logits:
+            self._logits[i] = self.head(self.hidden[i] * self.masks[:, i] / (1.0 - self.p))  # [K, d] -> [K, V]
+            self.head_calls += 1
+        return self._logits[i]
+
+
+@register("dropmatch-lazy")
+class LazyDropMatch(DropMatch):
+    """DropMatch with exact shortcuts: the same decisions (see the module docstring).
+
+    Parameters as DropMatch, and prefetch: how many of the first drafted positions' paths ride in
+    the verify's own head call (extra_head_rows); default 1.
+    """
+
+    def __init__(self, p: float = 0.3, paths: int = 5, criterion: str = "js_or_majority", majority: str = "strict",
+                 or_base: bool = True, seed: int = 0, js_temperature: float = 1.0, prefetch: int = 1) -> None:
+        super().__init__(p, paths, criterion, majority, or_base, seed, js_temperature)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise MinispecError(f"dropmatch-lazy prefetch = {prefetch!r}; expected an integer >= 0")
+        self.prefetch = prefetch
+        self._kept = None  # (hidden, masks [K, gamma+1, d], generator state before them, n) from the hook
+
+    def reset(self) -> None:
+        super().reset()
+        self._kept = None
+
+    def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Draw this step's masks; return the K rows of the first `prefetch` drafted positions: [K*n, d]."""
+        self._rewind()
+        if self.p == 0:
+            return None
+        state = self._generator.get_state()
+        masks = self.draw_masks(hidden)  # [K, gamma+1, d]
+        n = min(self.prefetch, hidden.shape[0] - 1)  # drafted positions only, not the bonus row
+        self._kept = (hidden, masks, state, n)
+        if n == 0:
+            return None
+        return (hidden[:n] * masks[:, :n] / (1.0 - self.p)).reshape(-1, hidden.shape[-1])  # [K*n, d], path-major
+
+    def decide(self, inp: VerifyInput) -> Decision:
+        hidden, head = head_inputs(inp, self.name)
+        gamma = inp.gamma
+        clean_tokens = greedy_token(inp.target_logits)  # [gamma+1]
+        paths = self._paths(inp, hidden, head)
+        base_accepted = self.base_acceptances(inp, clean_tokens)  # [gamma]
+        accepted = base_accepted.clone() if self.or_base else torch.zeros_like(base_accepted)  # [gamma]
+        for i in range(gamma):
+            if not accepted[i]:
+                accepted[i] = self.verdict_at(inp, i, paths.at(i))
+                if not accepted[i]:
+                    break  # the prefix rule: nothing after the first rejection counts
+        num_accepted = first_rejection(accepted)
+        info = {"accepted_by_dropmatch_only": int((~base_accepted[:num_accepted]).sum()),
+                "path_positions": paths.asked, "path_head_calls": paths.head_calls}
+        return Decision(num_accepted, self.next_token(inp, num_accepted, base_accepted, clean_tokens), info)
+
+    def verdict_at(self, inp: VerifyInput, i: int, path_logits: torch.Tensor) -> bool:
+        """DropMatch's own verdict on drafted position i; path_logits [K, V] its paths."""
+        path_logits = path_logits.to(torch.promote_types(path_logits.dtype, torch.float32))  # bf16 heads: upcast
+        draft_token = int(inp.draft_tokens[i])
+        votes = draft_votes(path_logits, draft_token)
+        if self.criterion == "naive":
+            return votes >= 1
+        if self.criterion in ("majority", "js_or_majority"):
+            if self.majority == "strict":
+                if 2 * votes > self.paths:
+                    return True
+            elif votes and bool(vote_acceptances(greedy_token(path_logits)[:, None], inp.draft_tokens[i:i + 1],
+                                                 "plurality")):  # head_tokens [K, 1]
+                return True
+        if self.criterion in ("js", "js_or_majority"):
+            temperature = self.js_temperature if inp.params.greedy else inp.params.temperature
+            centroid_logits = path_logits.mean(dim=0) if self.p > 0 else path_logits[0]  # [V]: mean_k l_k
+            if inp.draft_logits is not None:
+                draft_probs = torch.softmax(inp.draft_logits[i].to(path_logits.dtype) / temperature, dim=-1)  # [V]
+                one_hot_at = None
+            else:
+                draft_probs = inp.q_draft[i].to(path_logits.dtype)  # [V]
+                one_hot_at = draft_token if float(draft_probs[draft_token]) == 1 else None
+            return js_acceptance(path_logits, centroid_logits, draft_probs, temperature, one_hot_at)
+        return False
+
+    def _paths(self, inp: VerifyInput, hidden: torch.Tensor, head) -> DropoutPaths:
+        """This step's DropoutPaths, with the hook's masks and prefetched logits when they are for this input."""
+        kept, self._kept = self._kept, None
+        prefetched = None
+        if self.p == 0:
+            masks = None
+        elif kept is not None and kept[0] is hidden:
+            _, masks, _, n = kept
+            if n and inp.extra_logits is not None and inp.extra_logits.shape[0] == self.paths * n:
+                prefetched = inp.extra_logits.view(self.paths, n, -1)  # [K, n, V]
+        else:
+            if kept is not None:  # drawn for another input: draw again from the same point
+                self._generator.set_state(kept[2])
+            masks = self.draw_masks(hidden)  # [K, gamma+1, d]
+        return DropoutPaths(hidden, masks, self.p, head, inp.target_logits, prefetched, self.paths)
+
+    def _rewind(self) -> None:
+        """Give back masks the hook drew for a step that was never decided."""
+        if self._kept is not None:
+            self._generator.set_state(self._kept[2])
+            self._kept = None

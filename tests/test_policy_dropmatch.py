@@ -1,0 +1,607 @@
+"""DropMatch (minispec/acceptance/dropmatch.py) and LazyDropMatch (dropmatch_lazy.py).
+
+Hand-built tables pin Algorithm 1's rules on the plain class; float64 properties pin its
+invariants (p = 0 is exact match, naive contains majority, or_base never accepts less than the
+base) and that LazyDropMatch decides exactly as DropMatch, step after step, on random inputs and
+on the real checkpoint's hidden states. Then each of the lazy class's shortcuts against its
+definition, and both classes through the real loop with minispec.testing.check_policy.
+
+Exactness by construction: a BLAS may sum a row's dot product in an order that depends on how
+many rows share the call, so the same path row scored in DropMatch's one big head call and in
+LazyDropMatch's smaller ones can differ in the last bits. The comparisons use SharedHead, which
+scores each distinct row once and hands both classes those logits; it also proves that the lazy
+class scores only rows DropMatch scored (the same masks).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from minispec.acceptance import (DropMatch, ExactMatch, LazyDropMatch, PolicyInputError, SpeculativeSampling,
+                                 VerifyInput)
+from minispec.acceptance.dropmatch import js_divergence, vote_acceptances
+from minispec.acceptance.dropmatch_lazy import LN2, draft_votes, js_acceptance, js_to_one_hot
+from minispec.acceptance.sampling import sample_acceptances
+from minispec.drafters import NgramDrafter
+from minispec.errors import MinispecError
+from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.testing import check_policy, decided, verify_input
+
+F64 = torch.float64
+GREEDY = SamplingParams(temperature=0.0)
+CLASSES = (DropMatch, LazyDropMatch)
+
+
+# ============================================================================== helpers
+
+
+class SharedHead:
+    """An LM head [n, d] -> [n, V] that records its calls and scores each distinct row once: a row
+    seen before gets the logits computed then (see the module docstring). new_rows counts the
+    rows scored for the first time."""
+
+    def __init__(self, head) -> None:
+        self.head, self.calls, self.new_rows, self._memo = head, [], 0, {}
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        self.calls.append(rows)
+        keys = [row.detach().cpu().numpy().tobytes() for row in rows]
+        new = list(dict.fromkeys(k for k in keys if k not in self._memo))
+        if new:
+            index = {k: i for i, k in enumerate(keys)}
+            logits = self.head(rows[[index[k] for k in new]])  # [len(new), V]
+            self._memo.update(zip(new, logits))
+            self.new_rows += len(new)
+        return torch.stack([self._memo[k] for k in keys])  # [n, V]
+
+
+def linear_head(weight: torch.Tensor) -> SharedHead:
+    return SharedHead(lambda h: h @ weight.T)
+
+
+@dataclass
+class Step:
+    """One verify step: hidden [gamma+1, d] (the LM-head input), the drafts, and the verify seed."""
+
+    hidden: torch.Tensor
+    draft_tokens: torch.Tensor  # [gamma]
+    draft_logits: torch.Tensor | None  # [gamma, V]; None: an n-gram draft, one-hot q
+    seed: int
+
+
+def loop_input(policy, step: Step, head, params: SamplingParams, hook: str = "loop") -> VerifyInput:
+    """The VerifyInput minispec.speculative builds: the verify rows and the policy's
+    extra_head_rows in ONE head call, their logits as extra_logits.
+
+    hook: "loop" as the loop does; "none": decide without the hook; "clone": decide gets a copy
+    of the hidden states the hook saw; "twice": first a hook call for a step never decided.
+    """
+    hidden, num_rows = step.hidden, step.hidden.shape[0]
+    if hook == "twice":
+        policy.extra_head_rows(hidden + 1)
+    rows = None if hook == "none" else policy.extra_head_rows(hidden)  # [n, d] or None
+    logits = head(hidden if rows is None else torch.cat([hidden, rows]))  # [gamma+1 (+n), V]
+    target_logits = logits[:num_rows]
+    if step.draft_logits is None:
+        q_draft = torch.nn.functional.one_hot(step.draft_tokens, logits.shape[1]).to(logits.dtype)  # [gamma, V]
+    else:
+        q_draft = logits_to_probs(step.draft_logits, params)  # [gamma, V]
+    return VerifyInput(step.draft_tokens, q_draft, target_logits, logits_to_probs(target_logits, params), params,
+                       torch.Generator().manual_seed(step.seed), step.draft_logits,
+                       hidden=hidden.clone() if hook == "clone" else hidden, head=head,
+                       extra_logits=None if rows is None else logits[num_rows:])
+
+
+def table_input(draft, target_logits, path_logits, params=GREEDY, **kwargs) -> VerifyInput:
+    """A table-style input whose LM head returns path_logits [K, gamma+1, V] for DropMatch's path call."""
+    num_paths, num_rows, vocab = path_logits.shape
+
+    def head(rows: torch.Tensor) -> torch.Tensor:
+        assert rows.shape[0] == num_paths * num_rows, "DropMatch scores all K(gamma+1) path rows in one call"
+        return path_logits.reshape(-1, vocab)
+
+    return verify_input(draft, target_logits, params, hidden=torch.ones(num_rows, 4, dtype=F64), head=head, **kwargs)
+
+
+def outcome(decision) -> tuple[int, int, int]:
+    return decision.num_accepted, decision.next_token, decision.info["accepted_by_dropmatch_only"]
+
+
+# ============================================================================== hand-built cases
+
+
+def test_js_radius_accepts_a_draft_without_a_majority():
+    # Three heads each back a different token: no majority for d_1 = 1 (one vote of three), but the
+    # centroid (the logit mean, flat) is close to the draft's own flat q: JS(q || pbar) = 0.007 is
+    # inside the radius max_k JS(p_k || pbar) = 0.109.
+    path_logits = torch.tensor([
+        # position 1     bonus position
+        [[2., 0., 0.], [0., 0., 5.]],  # head 1: y = 0
+        [[0., 2., 0.], [0., 0., 5.]],  # head 2: y = 1
+        [[0., 0., 2.], [0., 0., 5.]],  # head 3: y = 2
+    ], dtype=F64)  # [K=3, gamma+1=2, V=3]
+    target_logits = [[1., 0., 0.], [0., 0., 5.]]  # clean argmax 0: exact rejects d_1 = 1
+    inp = table_input([1], target_logits, path_logits, draft_logits=[[0., 0.5, 0.]])
+    assert decided(DropMatch(paths=3, criterion="majority")(inp)) == (0, 0)  # base and majority: no
+    decision = DropMatch(paths=3)(inp)
+    assert decided(decision) == (1, 2)  # accepted by JS; the bonus from the clean target
+    assert decision.info == {"accepted_by_dropmatch_only": 1, "heads_agree": 1, "positions": 2}
+
+
+def test_majority_is_the_fallback_when_js_fails():
+    # The heads agree tightly (radius 0.0007) on token 1; the n-gram draft's one-hot q is far from
+    # their centroid (JS 0.17), so the JS test fails, but all three heads vote for d_1 = 1.
+    path_logits = torch.tensor([
+        [[0.0, 1.0, 0.], [0., 0., 5.]],
+        [[0.0, 1.2, 0.], [0., 0., 5.]],
+        [[0.1, 1.0, 0.], [0., 0., 5.]],
+    ], dtype=F64)
+    target_logits = [[1., 0.9, 0.], [0., 0., 5.]]  # clean argmax 0: the base rejects
+    inp = table_input([1], target_logits, path_logits)
+    assert decided(DropMatch(paths=3, criterion="js", or_base=False)(inp)) == (0, 0)
+    assert decided(DropMatch(paths=3, criterion="majority", or_base=False)(inp)) == (1, 2)
+    assert decided(DropMatch(paths=3, or_base=False)(inp)) == (1, 2)
+
+
+def test_centroid_is_the_mean_of_logits_not_of_probabilities():
+    # Two confident heads disagree (1 vs 2). The logit mean [0, -4, -4] backs token 0 (pbar(0) =
+    # 0.96); the mean of their probabilities would be [0.12, 0.44, 0.44]. The draft's q equals the
+    # logit-mean centroid, so the rule accepts (JS 0 <= radius 0.46); with a probability-mean
+    # centroid it would reject (JS 0.43 > radius 0.19). No head votes for 0, and the base says 1.
+    path_logits = torch.tensor([[[0., 2., -10.], [5., 0., 0.]],
+                                [[0., -10., 2.], [5., 0., 0.]]], dtype=F64)  # [K=2, 2, V=3]
+    head_probs = path_logits[:, 0].softmax(-1)  # [K, V]
+    wrong_centroid = head_probs.mean(0)  # [V]
+    q_row = path_logits[:, 0].mean(0).softmax(-1)  # [V]
+    assert js_divergence(q_row, wrong_centroid) > js_divergence(head_probs, wrong_centroid).max()  # premise
+    inp = table_input([0], [[0., 1., 0.], [5., 0., 0.]], path_logits, draft_logits=[[0., -4., -4.]])
+    assert decided(DropMatch(paths=2)(inp)) == (1, 0)
+
+
+def test_plurality_versus_strict_majority_and_a_tie_at_half():
+    votes_by_position = torch.tensor([
+        # head: 1  2  3  4  5      draft   strict (> 5/2)   plurality (unique mode)
+        [1, 1, 3, 4, 5],  #         1       no (2 votes)     yes
+        [2, 2, 2, 0, 3],  #         2       yes (3 votes)    yes
+        [1, 1, 2, 2, 0],  #         1       no               no: a 2-2 tie
+    ])  # [gamma=3, K=5]
+    head_tokens, draft_tokens = votes_by_position.T, torch.tensor([1, 2, 1])  # [K, gamma], [gamma]
+    assert vote_acceptances(head_tokens, draft_tokens, "strict").tolist() == [False, True, False]
+    assert vote_acceptances(head_tokens, draft_tokens, "plurality").tolist() == [True, True, False]
+    assert vote_acceptances(head_tokens, draft_tokens, "naive").tolist() == [True, True, True]
+    # K = 4, exactly K/2 = 2 votes for the draft: not a strict majority (> K/2), but a plurality (2 > 1)
+    half = torch.tensor([[7], [7], [3], [4]])  # [K=4, 1]
+    assert vote_acceptances(half, torch.tensor([7]), "strict").tolist() == [False]
+    assert vote_acceptances(half, torch.tensor([7]), "plurality").tolist() == [True]
+
+
+def test_k1_reduces_to_the_single_heads_argmax():
+    # K = 1: the centroid is the one head, the radius is 0, the strict majority is that head's token.
+    path_logits = torch.tensor([[[0., 2., 1.], [1., 3., 0.], [0., 0., 2.]]], dtype=F64)  # [K=1, 3, V]: y = 1, 1, 2
+    target_logits = [[2., 0., 1.], [3., 1., 0.], [0., 4., 0.]]  # clean argmax 0, 0, 1
+    policy = DropMatch(paths=1, or_base=False)
+    # n-gram drafts (one-hot q: JS > 0 = radius): accepted iff the draft is the head's argmax
+    assert decided(policy(table_input([1, 1], target_logits, path_logits))) == (2, 1)
+    assert decided(policy(table_input([1, 0], target_logits, path_logits))) == (1, 0)
+    # a draft whose q is exactly p_1 = softmax(l_1) is inside the zero radius, whatever its token
+    inp = table_input([2, 0], target_logits, path_logits, draft_logits=path_logits[0, :2])
+    assert decided(policy(inp)) == (2, 1)
+    assert decided(DropMatch(paths=1, criterion="majority", or_base=False)(inp)) == (0, 0)
+
+
+def test_js_alone_without_base_rejects_a_correct_one_hot_draft_at_p0():
+    # The one exception to "p = 0 equals exact": the JS test looks at q, not at the token. A
+    # one-hot q is never inside a radius of 0, even on the clean argmax.
+    target_logits = torch.tensor([[0., 3., 0.], [5., 0., 0.]], dtype=F64)
+    for cls in CLASSES:
+        inp = verify_input([1], target_logits, hidden=torch.eye(2, dtype=F64), head=lambda h: h @ target_logits)
+        assert decided(cls(p=0.0, paths=3, criterion="js", or_base=False)(inp)) == (0, 1)
+    assert decided(ExactMatch()(verify_input([1], target_logits))) == (1, 0)
+
+
+def test_without_base_a_rejection_only_dropmatch_made_draws_the_correction_from_p_target():
+    # p = [0.6, 0.3, 0.1], q = [0.6, 0.4, 0]: the base accepts d_1 = 0 surely (p(0) / q(0) = 1), and its
+    # residual norm(max(0, p - q)) is all on token 2. The heads all vote 1, so DropMatch rejects d_1;
+    # the correction is drawn from p_target itself, so tokens 0 and 1 appear too.
+    params = SamplingParams(temperature=1.0)
+    path_logits = torch.tensor([[[0., 9., 0.], [0., 0., 0.]]] * 3, dtype=F64)  # [K=3, 2, V=3]
+    target_logits = torch.tensor([[0.6, 0.3, 0.1], [1 / 3] * 3], dtype=F64).log()
+    corrections = set()
+    for seed in range(40):
+        inp = table_input([0], target_logits, path_logits, params, q_draft=[[0.6, 0.4, 0.0]], seed=seed)
+        decision = DropMatch(paths=3, criterion="majority", or_base=False)(inp)
+        assert decision.num_accepted == 0 and decision.info["accepted_by_dropmatch_only"] == 0
+        corrections.add(decision.next_token)
+        assert DropMatch(paths=3, criterion="majority")(inp).num_accepted == 1  # with the base: accepted
+    assert corrections == {0, 1, 2}  # from p_target; the residual would give only 2
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_missing_hidden_or_head_is_an_input_error_naming_the_fields(cls):
+    inp = verify_input([1], [[0., 5., 0.], [5., 0., 0.]])
+    with pytest.raises(PolicyInputError, match=r"hidden and \.head"):
+        cls()(inp)
+    inp.hidden = torch.ones(2, 4, dtype=F64)
+    with pytest.raises(PolicyInputError, match=r"VerifyInput\.head is None"):
+        cls()(inp)
+
+
+@pytest.mark.parametrize("build, name", [
+    (lambda: DropMatch(p=1.0), "p"), (lambda: DropMatch(p=-0.1), "p"), (lambda: DropMatch(paths=0), "paths"),
+    (lambda: DropMatch(paths=True), "paths"), (lambda: DropMatch(criterion="any"), "criterion"),
+    (lambda: DropMatch(majority="most"), "majority"), (lambda: DropMatch(js_temperature=0.0), "js_temperature"),
+    (lambda: LazyDropMatch(prefetch=-1), "prefetch"), (lambda: LazyDropMatch(paths=2.5), "paths"),
+])
+def test_bad_options_are_one_line_errors_naming_the_parameter(build, name):
+    with pytest.raises(MinispecError) as err:
+        build()
+    assert f"{name} = " in str(err.value) and "\n" not in str(err.value)
+
+
+# ============================================================================== masks and head calls
+
+
+def test_dropmatch_scores_all_paths_in_one_head_call_with_inverted_dropout_rows():
+    num_paths, hidden_size, vocab, p = 5, 2000, 7, 0.3
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, hidden_size, generator=gen, dtype=F64) + 3  # [gamma+1 = 3, d], no zeros
+    head = linear_head(torch.randn(vocab, hidden_size, generator=gen, dtype=F64))
+    policy = DropMatch(p=p, paths=num_paths)
+    policy(loop_input(policy, Step(hidden, torch.tensor([0, 1]), None, 0), head, GREEDY))
+    assert len(head.calls) == 2  # the verify's own call, then ONE call for every path of every position
+    ratio = head.calls[1].view(num_paths, 3, hidden_size) / hidden  # [K, gamma+1, d]: 0 (dropped) or 1/(1-p)
+    dropped = ratio == 0
+    # 1/(1-p) * h / h: float64 round-off of one multiply and one divide, well under 1e-12
+    assert torch.allclose(ratio[~dropped], torch.full_like(ratio[~dropped], 1 / (1 - p)), rtol=1e-12, atol=0)
+    assert abs(float(dropped.double().mean()) - p) < 0.02  # 30000 Bernoulli(0.3) draws: sd 0.0026
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_masks_are_fresh_per_path_position_and_step_and_reset_reseeds(cls):
+    num_paths, hidden_size = 4, 64
+    hidden = torch.ones(3, hidden_size, dtype=F64)  # each scored path row is then its mask / (1-p)
+    weight = torch.randn(9, hidden_size, generator=torch.Generator().manual_seed(1), dtype=F64)
+    step = Step(hidden, torch.tensor([0, 0]), None, 0)
+
+    def masks(policy) -> torch.Tensor:
+        """One step's masks [K, positions, d], read off the path rows the policy scored: DropMatch's
+        path call (all gamma+1 positions), or the lazy class's prefetched rows (both drafted ones)."""
+        head = linear_head(weight)
+        policy(loop_input(policy, step, head, GREEDY))
+        rows = head.calls[0][3:] if isinstance(policy, LazyDropMatch) else head.calls[1]  # [K * positions, d]
+        return (rows != 0).view(num_paths, -1, hidden_size)
+
+    def build(seed: int):
+        return cls(paths=num_paths, seed=seed, prefetch=2) if cls is LazyDropMatch else cls(paths=num_paths, seed=seed)
+
+    policy = build(7)
+    step1, step2 = masks(policy), masks(policy)
+    positions = range(step1.shape[1])
+    for k in range(num_paths):  # P(two masks of 64 entries are equal) = 0.58^64: any repeat is a bug
+        for i in positions:
+            assert not any(torch.equal(step1[k, i], step1[j, i]) for j in range(num_paths) if j != k)  # per path
+            assert not any(torch.equal(step1[k, i], step1[k, j]) for j in positions if j != i)  # per position
+            assert not torch.equal(step1[k, i], step2[k, i])  # per step
+    assert torch.equal(masks(build(7)), step1)  # the same seed, the same masks
+    assert not torch.equal(masks(build(8)), step1)
+    policy.reset()
+    assert torch.equal(masks(policy), step1)  # reset() starts the masks over
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_same_seed_same_decisions_at_temperature_one(cls):
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(6, 8, generator=gen, dtype=F64)
+    params = SamplingParams(temperature=1.0)
+    steps = []
+    for seed in range(3):  # the mask generator advances per step; the verify seed is fixed per step
+        draft_logits = torch.randn(4, 6, generator=gen, dtype=F64)
+        draft = torch.multinomial(logits_to_probs(draft_logits, params), 1, generator=gen)[:, 0]
+        steps.append(Step(torch.randn(5, 8, generator=gen, dtype=F64), draft, draft_logits, seed))
+
+    def run(seed: int) -> list:
+        policy, head, outcomes = cls(seed=seed), linear_head(weight), []
+        for step in steps:
+            decision = policy(loop_input(policy, step, head, params))
+            outcomes.append((decided(decision), decision.info))
+        return outcomes
+
+    assert run(0) == run(0)
+
+
+# ============================================================================== properties (float64)
+
+
+@st.composite
+def dropmatch_runs(draw):
+    """DropMatch options, a prefetch and a hook mode (for the lazy class), and 1-3 consecutive verify
+    steps through one random linear head. Integer hidden states and weights half the time (exact
+    logit ties, so the lowest-id rule matters). Drafts are consistent with their q: an n-gram draft
+    (one-hot, the target's argmax 60% of the time) or a model draft (the target's logits plus noise
+    of a drawn size, 0 = the same model), its argmax at T = 0, a draw from q at T > 0."""
+    vocab, hidden_size = draw(st.integers(2, 8)), draw(st.integers(1, 6))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    integer = draw(st.booleans())
+    weight = (torch.randint(-2, 3, (vocab, hidden_size), generator=gen).to(F64) if integer
+              else 2 * torch.randn(vocab, hidden_size, generator=gen, dtype=F64))
+    params = draw(st.sampled_from([GREEDY, SamplingParams(0.5), SamplingParams(1.0), SamplingParams(2.0, top_k=2)]))
+    noise = draw(st.sampled_from([None, 0.0, 0.5, 3.0]))  # None: an n-gram drafter
+    steps = []
+    for seed in range(draw(st.integers(1, 3))):
+        gamma = draw(st.integers(0, 5))
+        hidden = (torch.randint(-2, 3, (gamma + 1, hidden_size), generator=gen).to(F64) if integer
+                  else torch.randn(gamma + 1, hidden_size, generator=gen, dtype=F64))  # [gamma+1, d]
+        target_logits = hidden[:gamma] @ weight.T  # [gamma, V]
+        if noise is None:
+            use_argmax = torch.rand(gamma, generator=gen) < 0.6
+            random_tokens = torch.randint(0, vocab, (gamma,), generator=gen)
+            draft_tokens = torch.where(use_argmax, target_logits.argmax(-1), random_tokens)
+            draft_logits = None
+        else:
+            draft_logits = target_logits + noise * torch.randn(gamma, vocab, generator=gen, dtype=F64)  # [gamma, V]
+            if params.greedy or gamma == 0:
+                draft_tokens = draft_logits.argmax(-1)
+            else:
+                draft_tokens = torch.multinomial(logits_to_probs(draft_logits, params), 1, generator=gen)[:, 0]
+        steps.append(Step(hidden, draft_tokens, draft_logits, seed))
+    options = dict(p=draw(st.sampled_from([0.0, 0.1, 0.3, 0.5, 0.6])), paths=draw(st.integers(1, 5)),
+                   criterion=draw(st.sampled_from(["js_or_majority", "js", "majority", "naive"])),
+                   majority=draw(st.sampled_from(["strict", "plurality"])), or_base=draw(st.booleans()),
+                   seed=draw(st.integers(0, 100)), js_temperature=draw(st.sampled_from([1.0, 0.5])))
+    prefetch, hook = draw(st.integers(0, 2)), draw(st.sampled_from(["loop", "none", "clone", "twice"]))
+    return options, steps, weight, params, prefetch, hook
+
+
+@given(run=dropmatch_runs())
+def test_lazy_dropmatch_decides_exactly_as_dropmatch(run):
+    options, steps, weight, params, prefetch, hook = run
+    plain, lazy = DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)
+    head = linear_head(weight)
+    for step in steps:  # consecutive steps: both mask generators advance
+        want = plain(loop_input(plain, step, head, params))
+        head.new_rows = 0
+        got = lazy(loop_input(lazy, step, head, params, hook))
+        assert head.new_rows == 0, "LazyDropMatch scored a row DropMatch did not: not the same masks"
+        assert outcome(got) == outcome(want)
+
+
+@given(run=dropmatch_runs())
+def test_lazy_dropmatch_computes_paths_only_where_a_verdict_is_needed(run):
+    options, steps, weight, params, prefetch, _ = run
+    plain, lazy = DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)
+    num_paths, p = options["paths"], options["p"]
+    for step in steps:
+        plain_head, lazy_head = linear_head(weight), linear_head(weight)
+        plain(loop_input(plain, step, plain_head, params))
+        inp = loop_input(lazy, step, lazy_head, params)
+        decision = lazy(inp)
+        # Needed: up to the first rejection, the positions the base does not accept (with or_base),
+        # or all of them (without). The base's coins are the verify generator's first draws.
+        gamma = step.draft_tokens.shape[0]
+        if params.greedy:
+            base_accepted = (step.draft_tokens == inp.target_logits[:gamma].argmax(-1)).tolist()
+        else:
+            base_accepted = sample_acceptances(inp.p_target, inp.q_draft, step.draft_tokens,
+                                               torch.Generator().manual_seed(step.seed)).tolist()
+        settled_by_base = [options["or_base"] and accepted for accepted in base_accepted]
+        needed = [i for i in range(min(decision.num_accepted + 1, gamma)) if not settled_by_base[i]]
+        assert decision.info["path_positions"] == len(needed)
+        if p == 0:  # every path is the clean head: no rows beyond the verify's
+            assert [len(c) for c in lazy_head.calls] == [gamma + 1] and decision.info["path_head_calls"] == 0
+            continue
+        n = min(prefetch, gamma)  # prefetched positions ride in the verify's call
+        plain_rows = plain_head.calls[1].view(num_paths, gamma + 1, -1)  # [K, gamma+1, d]: the step's path rows
+        prefetched_rows = plain_rows[:, :n].reshape(num_paths * n, step.hidden.shape[1])  # [K*n, d], path-major
+        assert torch.equal(lazy_head.calls[0], torch.cat([step.hidden, prefetched_rows]))
+        computed = [i for i in needed if i >= n]
+        assert decision.info["path_head_calls"] == len(computed) == len(lazy_head.calls) - 1
+        for call, i in zip(lazy_head.calls[1:], computed):  # one call of K rows per position, in order
+            assert torch.equal(call, plain_rows[:, i])
+
+
+@given(run=dropmatch_runs())
+def test_p0_at_temperature_zero_equals_exact(run):
+    options, steps, weight, _, prefetch, _ = run
+    if options["criterion"] == "js" and not options["or_base"]:
+        options["criterion"] = "js_or_majority"  # the one exception, pinned in its own test above
+    options["p"] = 0.0
+    steps = [Step(s.hidden, s.draft_tokens if s.draft_logits is None else s.draft_logits.argmax(-1), s.draft_logits,
+                  s.seed) for s in steps]  # a model drafter's tokens at T = 0: its argmax
+    for policy in (DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)):
+        for step in steps:
+            head = linear_head(weight)
+            inp = loop_input(policy, step, head, GREEDY)
+            decision = policy(inp)
+            assert len(head.calls) == 1  # p = 0 scores no path rows: every path is the clean head
+            assert decided(decision) == decided(ExactMatch()(inp))
+            assert decision.info["accepted_by_dropmatch_only"] == 0
+            if isinstance(policy, LazyDropMatch):
+                assert decision.info["path_head_calls"] == 0
+            else:
+                assert decision.info["heads_agree"] == decision.info["positions"] == step.hidden.shape[0]
+
+
+@given(run=dropmatch_runs(), p=st.sampled_from([0.1, 0.3, 0.6]))
+def test_naive_accepts_at_least_what_majority_accepts(run, p):
+    options, steps, weight, params, _, _ = run
+    options.update(p=p, or_base=False)
+    del options["criterion"]
+    step = steps[0]
+    head = linear_head(weight)
+    naive = DropMatch(criterion="naive", **options)
+    num_naive = naive(loop_input(naive, step, head, params)).num_accepted
+    gamma, num_paths = step.draft_tokens.shape[0], options["paths"]
+    path_logits = head(head.calls[1]).view(num_paths, gamma + 1, -1)  # [K, gamma+1, V]: the paths naive saw
+    head_tokens = path_logits[:, :gamma].argmax(-1)  # [K, gamma]
+    naive_votes = vote_acceptances(head_tokens, step.draft_tokens, "naive")
+    strict_votes = vote_acceptances(head_tokens, step.draft_tokens, "strict")
+    plurality_votes = vote_acceptances(head_tokens, step.draft_tokens, "plurality")
+    assert bool((strict_votes <= plurality_votes).all())  # per position: strict within plurality within naive
+    assert bool((plurality_votes <= naive_votes).all())
+    for cls in CLASSES:  # same seed: the same masks
+        majority = cls(criterion="majority", **options)
+        assert num_naive >= majority(loop_input(majority, step, head, params)).num_accepted
+
+
+@given(run=dropmatch_runs())
+def test_or_base_never_accepts_less_than_its_base(run):
+    options, steps, weight, params, prefetch, _ = run
+    options.update(or_base=True)
+    base = ExactMatch() if params.greedy else SpeculativeSampling()
+    for policy in (DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)):
+        head = linear_head(weight)
+        for step in steps:
+            decision = policy(loop_input(policy, step, head, params))
+            base_decision = base(loop_input(base, step, head, params))  # same logits, a fresh verify generator
+            assert decision.num_accepted >= base_decision.num_accepted
+            if decision.num_accepted > base_decision.num_accepted:  # at least the base's first rejection is DropMatch's
+                assert decision.info["accepted_by_dropmatch_only"] >= 1
+            else:  # the base's draws, the base's token
+                assert decided(decision) == decided(base_decision)
+
+
+# ============================================================================== lazy shortcuts = definitions
+
+
+def _js_test_by_definition(path_logits, centroid_logits, draft_probs, temperature) -> bool:
+    """Algorithm 1's JS test as written: K JS divergences over the whole vocabulary."""
+    centroid_probs = torch.softmax(centroid_logits / temperature, dim=-1)  # [V]
+    radius = js_divergence(torch.softmax(path_logits / temperature, dim=-1), centroid_probs).amax()
+    return bool(js_divergence(draft_probs, centroid_probs) <= radius)
+
+
+@st.composite
+def js_test_cases(draw):
+    """Path logits [K, V] spread around a base by a drawn amount (0: the radius is 0), their
+    centroid, and a draft: one-hot (n-gram), a soft q (model draft), q = pbar (JS 0), or q near
+    one path (accepted, and with a large spread close to the TV bound)."""
+    num_paths, vocab = draw(st.integers(1, 5)), draw(st.integers(2, 40))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    base = draw(st.sampled_from([0.5, 2.0, 8.0])) * torch.randn(1, vocab, generator=gen, dtype=F64)
+    spread = draw(st.sampled_from([0.0, 0.01, 0.3, 3.0]))
+    path_logits = base + spread * torch.randn(num_paths, vocab, generator=gen, dtype=F64)  # [K, V]
+    centroid_logits = path_logits.mean(dim=0)  # [V]
+    temperature = draw(st.sampled_from([0.5, 1.0, 2.0]))
+    kind = draw(st.sampled_from(["one-hot", "soft", "centroid", "near a path"]))
+    one_hot_at = None
+    if kind == "near a path":  # 0.9 p_k + 0.1 pbar: JS <= 0.9 JS(p_k || pbar) (convexity), so accepted with room
+        path_probs = torch.softmax(path_logits[draw(st.integers(0, num_paths - 1))] / temperature, dim=-1)  # [V]
+        draft_probs = 0.9 * path_probs + 0.1 * torch.softmax(centroid_logits / temperature, dim=-1)  # [V]
+    elif kind == "one-hot":
+        one_hot_at = draw(st.integers(0, vocab - 1))
+        draft_probs = torch.nn.functional.one_hot(torch.tensor(one_hot_at), vocab).to(F64)  # [V]
+    else:
+        noise = 0.0 if kind == "centroid" else draw(st.sampled_from([0.05, 1.0]))
+        draft_probs = torch.softmax((centroid_logits + noise * torch.randn(vocab, generator=gen, dtype=F64))
+                                    / temperature, dim=-1)  # [V]
+    return path_logits, centroid_logits, draft_probs, temperature, one_hot_at
+
+
+@given(case=js_test_cases())
+def test_js_test_with_its_tv_bound_and_one_hot_form_decides_as_the_definition(case):
+    # float64: the shortcuts' round-off (~1e-16) is far below RADIUS_BOUND_SLACK, so every decision
+    # must be the definition's.
+    path_logits, centroid_logits, draft_probs, temperature, one_hot_at = case
+    expected = _js_test_by_definition(path_logits, centroid_logits, draft_probs, temperature)
+    assert js_acceptance(path_logits, centroid_logits, draft_probs, temperature, one_hot_at) == expected
+    assert js_acceptance(path_logits, centroid_logits, draft_probs, temperature) == expected
+
+
+@given(case=js_test_cases())
+def test_js_is_at_most_ln2_times_total_variation(case):
+    # The inequality js_acceptance relies on, JS(a || b) <= ln 2 * TV(a, b), on random pairs
+    # (float64; 1e-12 absorbs the sums' round-off).
+    path_logits, _, draft_probs, temperature, _ = case
+    a = torch.softmax(path_logits / temperature, dim=-1)  # [K, V]
+    total_variation = 0.5 * (a - draft_probs).abs().sum(dim=-1)  # [K]
+    assert bool((js_divergence(a, draft_probs) <= LN2 * total_variation + 1e-12).all())
+
+
+@given(prob=st.floats(0.0, 1.0), vocab=st.integers(2, 6), seed=st.integers(0, 1000))
+def test_js_to_a_one_hot_needs_only_the_probability_at_the_draft(prob, vocab, seed):
+    # Any distribution b with b[d] = prob: the rest of b does not matter (float64, 1e-12: round-off).
+    rest = torch.rand(vocab - 1, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    b = torch.cat([torch.tensor([prob], dtype=F64), (1 - prob) * rest / rest.sum()])  # [V], b[0] = prob
+    one_hot = torch.nn.functional.one_hot(torch.tensor(0), vocab).to(F64)  # [V]
+    assert math.isclose(float(js_to_one_hot(torch.tensor(prob, dtype=F64))), float(js_divergence(one_hot, b)),
+                        abs_tol=1e-12)
+
+
+@given(seed=st.integers(0, 2**31), num_paths=st.integers(1, 5), vocab=st.integers(2, 6))
+def test_draft_votes_count_the_heads_whose_argmax_is_the_draft_lowest_id_on_ties(seed, num_paths, vocab):
+    gen = torch.Generator().manual_seed(seed)
+    path_logits = torch.randint(0, 3, (num_paths, vocab), generator=gen).to(F64)  # small integers: many ties
+    for draft_token in range(vocab):
+        expected = int((path_logits.argmax(-1) == draft_token).sum())  # torch.argmax: the lowest id on ties
+        assert draft_votes(path_logits, draft_token) == expected
+
+
+# ============================================================================== real checkpoint
+
+
+REAL_TEXT = "The cat sat on the mat. The dog sat on the log. The cat sat on the mat. The dog sat on the log."
+
+
+@pytest.fixture(scope="module")
+def real_steps(real_model, real_tokenizer) -> list[Step]:
+    """Nine verify steps along a prompt, on the real checkpoint (float32), three kinds in turn:
+    n-gram drafts (one-hot q), the model's second-best token as the first draft (a plausible
+    wrong draft, then the prompt's tokens), and a soft self-draft (the model's own logits along
+    the prompt as draft_logits, their argmax as the drafts). hidden is what the verify pass of
+    [last, d_1..d_g] computes, with the prompt so far in the KV cache."""
+    prompt = real_tokenizer.encode(REAL_TEXT)
+    start, drafter = len(prompt) // 2, NgramDrafter(max_ngram=3)
+    steps = []
+    with torch.no_grad():
+        along = real_model(torch.tensor([prompt]))[0]  # [P, V]: row t scores the token after prompt[:t+1]
+        cache = real_model.new_cache(1, len(prompt) + 8)
+        real_model.forward_hidden(torch.tensor([prompt[:start - 1]]), cache)
+        for j, t in enumerate(range(start, start + 9)):  # the context is prompt[:t]
+            draft_logits = None
+            if j % 3 == 0:
+                drafts = drafter.lookup(prompt[:t], 4)
+            elif j % 3 == 1:
+                drafts = [int(along[t - 1].topk(2).indices[1])] + prompt[t + 1:t + 4]
+            else:
+                draft_logits = along[t - 1:t + 3]  # [4, V]
+                drafts = draft_logits.argmax(-1).tolist()
+            hidden = real_model.forward_hidden(torch.tensor([[prompt[t - 1]] + drafts]), cache)[0]  # [g+1, d]
+            cache.truncate(t)  # keep prompt[:t]
+            steps.append(Step(hidden, torch.tensor(drafts, dtype=torch.long), draft_logits, seed=j))
+    return steps
+
+
+@pytest.mark.parametrize("params, options, prefetch", [
+    (GREEDY, dict(criterion="js_or_majority", majority="strict", or_base=False), 1),
+    (SamplingParams(temperature=1.0), dict(criterion="js", or_base=False), 2),
+    (GREEDY, dict(criterion="majority", majority="plurality", or_base=True), 0),
+])
+def test_lazy_dropmatch_decides_exactly_as_dropmatch_on_the_real_checkpoint(real_model, real_steps, params, options,
+                                                                             prefetch):
+    plain, lazy = DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)
+    head = SharedHead(real_model.head)  # the real LM head, each row scored once (module docstring)
+    outcomes = []
+    with torch.no_grad():
+        for step in real_steps:
+            want = plain(loop_input(plain, step, head, params))
+            head.new_rows = 0
+            got = lazy(loop_input(lazy, step, head, params))
+            assert head.new_rows == 0, "LazyDropMatch scored a row DropMatch did not: not the same masks"
+            assert outcome(got) == outcome(want)
+            outcomes.append(outcome(want))
+    assert any(n < len(step.draft_tokens) for (n, _, _), step in zip(outcomes, real_steps))  # some rejections
+    assert sum(n for n, _, _ in outcomes) > 0  # and some acceptances
+
+
+# ============================================================================== through the real loop
+
+
+def test_dropmatch_and_lazy_dropmatch_at_p0_are_exact_match_through_the_loop():
+    for cls in CLASSES:
+        check_policy(cls, neutral={"p": 0.0}, base="exact")
