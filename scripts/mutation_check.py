@@ -91,8 +91,9 @@ CATALOGUE = [
            "logits = self._logits(context[self.cache.length:] if self.cache.length == 0 else context[-1:])",
            "after full acceptance the drafter never feeds d_gamma, its cache has a hole"),
     Mutant("dropmatch-centroid-mean-of-probs", "minispec/acceptance/dropmatch.py",
-           "centroid_logits = paths[0] if self.p == 0 else paths.mean(dim=0)",
-           "centroid_logits = paths[0] if self.p == 0 else torch.softmax(paths / temperature, -1).mean(0).log() * temperature",
+           "centroid_logits = path_logits.mean(dim=0) if self.p > 0 else path_logits[0]",
+           "centroid_logits = torch.softmax(path_logits / temperature, dim=-1).mean(dim=0).log() * temperature "
+           "if self.p > 0 else path_logits[0]",
            "DropMatch centroid as the mean of probabilities instead of the mean of logits"),
     Mutant("majority-off-by-one", "minispec/acceptance/dropmatch.py",
            "return 2 * votes > num_paths",
