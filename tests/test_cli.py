@@ -42,7 +42,8 @@ def test_streaming_with_colours_prints_the_same_text(real_ckpt, capsys):
 
 
 def test_trace_prints_each_step_then_the_same_text(real_ckpt, capsys):
-    common = ("--ckpt", str(real_ckpt), "--prompt", "one two three four, one two three four, one two", "--max-new-tokens", "16")
+    common = ("--ckpt", str(real_ckpt), "--chat", "--prompt", "Repeat this sentence twice: the quick brown fox jumps "
+              "over the lazy dog.", "--max-new-tokens", "16")
     _, plain, _ = run_cli(capsys, *common)
     code, traced, _ = run_cli(capsys, *common, "--draft", "ngram", "--gamma", "3", "--trace")
     assert code == 0
