@@ -50,7 +50,6 @@ def test_pass_costs_rolls_every_pass_back():
 
 
 def test_replay_costs_replays_real_steps_for_every_variant():
-    pytest.importorskip("minispec.acceptance.dropmatch_lazy")
     model = random_model(tiny_config(), 0, dtype=torch.float64)  # float64: no near-ties between variants
     prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4, 5]]  # repetitive: the n-gram drafter finds matches
     rows = bench_dropmatch_cost.replay_costs(model, prompts, gamma=3, max_new_tokens=12, eos=[], reps=1)
