@@ -2,7 +2,8 @@
 
     parser = Parser(prog="minispec.generate", description=...)
     parser.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5)
-    sys.exit(run_main("minispec.generate", main_body, argv))
+    args = parser.parse_args(argv)
+    sys.exit(run_main("minispec.generate", lambda: body(args)))
 
 A user mistake ends in one line on stderr, `<prog>: error: <message>`, and exit status 2:
 argparse's own errors (no usage dump), an out-of-range flag, and any MinispecError raised while
@@ -19,11 +20,20 @@ from typing import Callable
 from minispec.errors import MinispecError
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default in `-h` unless it is None or a switch's False (its help says those)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, bool):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors and the defaults shown in `-h`."""
 
     def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # one line, no usage dump

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from minispec import acceptance  # noqa: E402
 from minispec.acceptance import ExactMatch, VerifyInput  # noqa: E402
-from minispec.cli import ranged, run_main  # noqa: E402
+from minispec.cli import ranged  # noqa: E402
 
 PROG = "bench_dropmatch_cost"
 VARIANTS = {  # label -> (registered name, options)
@@ -157,40 +157,29 @@ def build_parser() -> benchlib.Parser:
     return p
 
 
+def measure(args, ckpt) -> dict:
+    """The replay for every dtype and kernels kind asked for: settings and rows."""
+    import minispec
+
+    tokenizer = minispec.load_tokenizer(ckpt)
+    prompts = [p.ids for p in benchlib.load_prompts(["rag"], args.prompts, tokenizer)]
+    rows = []
+    for dtype_name in args.dtypes:
+        for kernels in args.kernels:
+            print(f"{PROG}: {dtype_name}, {kernels} ...", file=sys.stderr)
+            model = benchlib.load_minispec(ckpt, getattr(torch, dtype_name), kernels,
+                                           verify_rows=(args.gamma + 1,)).model
+            rows += [{"dtype": dtype_name, "kernels": kernels, **r}
+                     for r in replay_costs(model, prompts, args.gamma, args.max_new_tokens,
+                                           list(tokenizer.eos_token_ids), args.dropout_p, args.paths, args.reps)]
+            del model
+    return {"settings": {"p": args.dropout_p, "paths": args.paths, "gamma": args.gamma, "prompts": len(prompts),
+                         "max_new_tokens": args.max_new_tokens, "reps": args.reps},
+            "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    out = benchlib.out_dir(PROG, args.out)
-
-    def body() -> int:
-        import minispec
-
-        benchlib.set_threads(args.threads)
-        benchlib.warn_if_busy(PROG)
-        ckpt = benchlib.checkpoint(args.ckpt)
-        record = benchlib.run_record(PROG, argv, ckpt)
-        tokenizer = minispec.load_tokenizer(ckpt)
-        prompts = [p.ids for p in benchlib.load_prompts(["rag"], args.prompts, tokenizer)]
-        rows = []
-        for dtype_name in args.dtypes:
-            for kernels in args.kernels:
-                print(f"{PROG}: {dtype_name}, {kernels} ...", file=sys.stderr)
-                model = benchlib.load_minispec(ckpt, getattr(torch, dtype_name), kernels,
-                                               verify_rows=(args.gamma + 1,)).model
-                rows += [{"dtype": dtype_name, "kernels": kernels, **r}
-                         for r in replay_costs(model, prompts, args.gamma, args.max_new_tokens,
-                                               list(tokenizer.eos_token_ids), args.dropout_p, args.paths, args.reps)]
-                del model
-        result = {"run": benchlib.finish_record(record),
-                  "settings": {"p": args.dropout_p, "paths": args.paths, "gamma": args.gamma, "prompts": len(prompts),
-                               "max_new_tokens": args.max_new_tokens, "reps": args.reps},
-                  "rows": rows}
-        text = render(result)
-        benchlib.write_outputs(out, PROG, result, text)
-        print(text)
-        return 0
-
-    return run_main(PROG, body)
+    return benchlib.run_benchmark(PROG, argv, build_parser(), measure, render)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from benchlib import md_table
 
 import torch  # noqa: E402
 
-from minispec.cli import ranged, run_main  # noqa: E402
+from minispec.cli import ranged  # noqa: E402
 from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "bench_memory"
@@ -142,29 +142,20 @@ def build_parser() -> benchlib.Parser:
     return p
 
 
+def measure_all(args, ckpt) -> dict:
+    """Every (dtype, kernels) configuration, each in a fresh subprocess: settings and rows."""
+    import minispec
+
+    if not Path("/proc/self/clear_refs").exists():
+        raise MinispecError("/proc/self/clear_refs: not found; expected Linux (the peak is read from /proc)")
+    [prompt] = benchlib.load_prompts(["summarization"], 1, minispec.load_tokenizer(ckpt))
+    rows = measure(ckpt, prompt.ids, args.new_tokens, args.dtypes, args.kernels)
+    return {"settings": {"new_tokens": args.new_tokens, "prompt_tokens": len(prompt.ids), "gamma": GAMMA},
+            "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    out = benchlib.out_dir(PROG, args.out)
-
-    def body() -> int:
-        import minispec
-
-        if not Path("/proc/self/clear_refs").exists():
-            raise MinispecError("/proc/self/clear_refs: not found; expected Linux (the peak is read from /proc)")
-        ckpt = benchlib.checkpoint(args.ckpt)
-        record = benchlib.run_record(PROG, argv, ckpt)
-        [prompt] = benchlib.load_prompts(["summarization"], 1, minispec.load_tokenizer(ckpt))
-        rows = measure(ckpt, prompt.ids, args.new_tokens, args.dtypes, args.kernels)
-        result = {"run": benchlib.finish_record(record),
-                  "settings": {"new_tokens": args.new_tokens, "prompt_tokens": len(prompt.ids), "gamma": GAMMA},
-                  "rows": rows}
-        text = render(result)
-        benchlib.write_outputs(out, PROG, result, text)
-        print(text)
-        return 0
-
-    return run_main(PROG, body)
+    return benchlib.run_benchmark(PROG, argv, build_parser(), measure_all, render)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def plot(result: dict, path: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     default = benchlib.out_dir("bench_policies", None) / "bench_policies.json"
-    parser = benchlib.Parser(prog=PROG, description=__doc__.strip().splitlines()[0], formatter_class=benchlib.HelpFormatter)
+    parser = benchlib.Parser(prog=PROG, description=__doc__.strip().splitlines()[0])
     parser.add_argument("result", type=Path, nargs="?", default=None,
                         help="bench_policies.json (if not given: out/bench_policies/bench_policies.json)")
     parser.add_argument("--png", type=Path, default=None, help="the figure (if not given: next to the JSON, .png)")

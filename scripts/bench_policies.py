@@ -63,7 +63,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 import benchlib
 from benchlib import fmt, md_table, mean, median, ratio
@@ -72,7 +71,6 @@ import torch  # noqa: E402
 
 from minispec import acceptance  # noqa: E402
 from minispec.cli import ranged, run_main  # noqa: E402
-from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "bench_policies"
 ALL_SETS = benchlib.SPEC_BENCH_SETS + ("gsm8k", "humaneval")

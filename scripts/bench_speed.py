@@ -33,13 +33,14 @@ Writes bench_speed.json and .md to --out (default out/bench_speed/).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import benchlib
 from benchlib import fmt, md_table, median, ratio
 
 import torch  # noqa: E402
 
-from minispec.cli import ranged, run_main  # noqa: E402
+from minispec.cli import ranged  # noqa: E402
 
 PROG = "bench_speed"
 SECTIONS = ("plain", "speculative")
@@ -305,11 +306,10 @@ def build_parser() -> benchlib.Parser:
     return p
 
 
-def run(args, argv: list[str]) -> dict:
+def run(args, ckpt: Path) -> dict:
+    """Bandwidth, then per dtype the plain and speculative sections: the result's entries."""
     import minispec
 
-    ckpt = benchlib.checkpoint(args.ckpt)
-    record = benchlib.run_record(PROG, argv, ckpt)
     tokenizer = minispec.load_tokenizer(ckpt)
     ids = lambda name: [p.ids for p in benchlib.load_prompts([name], args.prompts, tokenizer)]  # noqa: E731
     summarization = ids("summarization")
@@ -346,8 +346,7 @@ def run(args, argv: list[str]) -> dict:
             speculative += [{"dtype": dtype_name, **r}
                             for r in bench_speculative(targets, spec_prompts, args.gammas, args.spec_tokens, eos, hf)]
         del systems, targets, hf
-    return {"run": benchlib.finish_record(record),
-            "settings": {"new_tokens": args.new_tokens, "spec_tokens": args.spec_tokens, "gammas": list(args.gammas),
+    return {"settings": {"new_tokens": args.new_tokens, "spec_tokens": args.spec_tokens, "gammas": list(args.gammas),
                          "prompts": args.prompts, "reps": args.reps},
             "bandwidth": bandwidth, "weights_bytes": wbytes, "compile_seconds": compile_seconds,
             "plain": summarise_plain(plain, wbytes, bandwidth["bandwidth_gbps"] * 1e9),
@@ -356,20 +355,7 @@ def run(args, argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    out = benchlib.out_dir(PROG, args.out)
-
-    def body() -> int:
-        benchlib.set_threads(args.threads)
-        benchlib.warn_if_busy(PROG)
-        result = run(args, argv)
-        text = render(result)
-        benchlib.write_outputs(out, PROG, result, text)
-        print(text)
-        return 0
-
-    return run_main(PROG, body)
+    return benchlib.run_benchmark(PROG, argv, build_parser(), run, render)
 
 
 if __name__ == "__main__":

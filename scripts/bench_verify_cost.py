@@ -35,7 +35,7 @@ from benchlib import md_table
 
 import torch  # noqa: E402
 
-from minispec.cli import ranged, run_main  # noqa: E402
+from minispec.cli import ranged  # noqa: E402
 
 PROG = "bench_verify_cost"
 
@@ -135,37 +135,26 @@ def build_parser() -> benchlib.Parser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    out = benchlib.out_dir(PROG, args.out)
+def measure_all(args, ckpt) -> dict:
+    """Pass costs and the tau needed, for every dtype and kernels kind asked for."""
+    import minispec
+
     rows = tuple(sorted({1, *args.rows, *(g + 1 for g in args.gammas)}))
+    [prompt] = benchlib.load_prompts(["summarization"], 1, minispec.load_tokenizer(ckpt))
+    passes, ceilings = [], []
+    for dtype_name in args.dtypes:
+        for kernels in args.kernels:
+            print(f"{PROG}: {dtype_name}, {kernels} ...", file=sys.stderr)
+            p, c = measure(ckpt, getattr(torch, dtype_name), kernels, prompt.ids, args.gammas, rows, args.reps,
+                           args.target)
+            passes.append({"dtype": dtype_name, **p})
+            ceilings += [{"dtype": dtype_name, **r} for r in c]
+    return {"settings": {"gammas": list(args.gammas), "rows": list(rows), "reps": args.reps, "target": args.target},
+            "passes": passes, "ceilings": ceilings}
 
-    def body() -> int:
-        import minispec
 
-        benchlib.set_threads(args.threads)
-        benchlib.warn_if_busy(PROG)
-        ckpt = benchlib.checkpoint(args.ckpt)
-        record = benchlib.run_record(PROG, argv, ckpt)
-        [prompt] = benchlib.load_prompts(["summarization"], 1, minispec.load_tokenizer(ckpt))
-        passes, ceilings = [], []
-        for dtype_name in args.dtypes:
-            for kernels in args.kernels:
-                print(f"{PROG}: {dtype_name}, {kernels} ...", file=sys.stderr)
-                p, c = measure(ckpt, getattr(torch, dtype_name), kernels, prompt.ids, args.gammas, rows, args.reps,
-                               args.target)
-                passes.append({"dtype": dtype_name, **p})
-                ceilings += [{"dtype": dtype_name, **r} for r in c]
-        result = {"run": benchlib.finish_record(record),
-                  "settings": {"gammas": list(args.gammas), "rows": list(rows), "reps": args.reps, "target": args.target},
-                  "passes": passes, "ceilings": ceilings}
-        text = render(result)
-        benchlib.write_outputs(out, PROG, result, text)
-        print(text)
-        return 0
-
-    return run_main(PROG, body)
+def main(argv: list[str] | None = None) -> int:
+    return benchlib.run_benchmark(PROG, argv, build_parser(), measure_all, render)
 
 
 if __name__ == "__main__":

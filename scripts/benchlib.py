@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path[:1]:
 
 import torch  # noqa: E402
 
-from minispec.cli import Parser, ranged  # noqa: E402
+from minispec.cli import Parser, ranged, run_main  # noqa: E402
 from minispec.errors import MinispecError  # noqa: E402
 
 # ------------------------------------------------------------------------------------- prompts
@@ -399,6 +399,31 @@ def hf_generate(hf_model, ids: list[int], max_new_tokens: int, eos: Sequence[int
 # ------------------------------------------------------------------------------------- outputs
 
 
+def run_benchmark(prog: str, argv: Sequence[str] | None, parser: Parser,
+                  measure: Callable[[argparse.Namespace, Path], dict], render: Callable[[dict], str]) -> int:
+    """Every benchmark's main. Parse argv; then, with user mistakes as one-line errors (run_main):
+    set --threads, warn if the machine is busy, resolve the checkpoint, start the run record,
+    `measure(args, ckpt)` -> the result's entries, finish the record, render the markdown, write
+    both to --out and print the markdown. Returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    out = out_dir(prog, args.out)
+
+    def body() -> int:
+        set_threads(getattr(args, "threads", None))
+        warn_if_busy(prog)
+        ckpt = checkpoint(args.ckpt)
+        record = run_record(prog, argv, ckpt)
+        measured = measure(args, ckpt)
+        result = {"run": finish_record(record), **measured}
+        text = render(result)
+        write_outputs(out, prog, result, text)
+        print(text)
+        return 0
+
+    return run_main(prog, body)
+
+
 def out_dir(name: str, given: Path | None) -> Path:
     """--out, or out/<name>/ in the repository (git-ignored)."""
     return Path(given) if given is not None else ROOT / "out" / name
@@ -427,19 +452,10 @@ def write_outputs(out: Path, name: str, result: dict, markdown: str) -> dict[str
 # --------------------------------------------------------------------------------------- flags
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a flag's default unless it is None or a switch's False (the help text says those)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or isinstance(action.default, bool):
-            return action.help
-        return super()._get_help_string(action)
-
-
 def script_parser(prog: str, doc: str, threads: bool = True) -> Parser:
     """A Parser with the flags every benchmark has: --ckpt, --out and (unless it times nothing
     in its own process) --threads. The description is the first line of the script's docstring."""
-    p = Parser(prog=prog, description=doc.strip().splitlines()[0], formatter_class=HelpFormatter)
+    p = Parser(prog=prog, description=doc.strip().splitlines()[0])
     p.add_argument("--ckpt", type=Path, default=None,
                    help="checkpoint folder (if not given: weights/smollm2-135m-instruct, fetched on first use)")
     p.add_argument("--out", type=Path, default=None, help=f"output folder (if not given: out/{prog}/ in the repository)")

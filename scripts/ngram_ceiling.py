@@ -74,7 +74,7 @@ def offline_tau(lookup, prompt: list[int], greedy: list[int], gamma: int) -> flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = benchlib.Parser(prog=PROG, description=__doc__.splitlines()[0], formatter_class=benchlib.HelpFormatter)
+    p = benchlib.Parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", type=Path, default=None, help="checkpoint folder (if not given: the default one)")
     p.add_argument("--dtype", choices=benchlib.DTYPES, default="float32", help="the target's dtype")
     p.add_argument("--prompts", type=ranged(int, "--prompts", lo=1), default=4, help="prompts per set")
