@@ -34,8 +34,9 @@ from minispec.speculative import StepRecord
 class Tracer:
     """Print each StepRecord; use as `generate(..., on_step=Tracer(tokenizer, drafter, policy))`."""
 
-    def __init__(self, tokenizer, drafter_name: str, policy_name: str, out: TextIO = sys.stdout) -> None:
-        self.tokenizer, self.drafter_name, self.policy_name, self.out = tokenizer, drafter_name, policy_name, out
+    def __init__(self, tokenizer, drafter_name: str, policy_name: str, out: TextIO | None = None) -> None:
+        self.tokenizer, self.drafter_name, self.policy_name = tokenizer, drafter_name, policy_name
+        self.out = out  # None: whatever sys.stdout is when a step is printed
 
     def piece(self, token: int) -> str:
         """One token as readable text, quoted (whitespace and control characters escaped)."""
@@ -76,7 +77,7 @@ class Tracer:
         lines.append(f"  rollback: target cache {before} -> {kept} (keeps the context{kept_drafts}); "
                      f"draft cache {draft_cache}")
         lines.append(f"  emitted {self.piece_list(record.emitted)}")
-        print("\n".join(lines), file=self.out, flush=True)
+        print("\n".join(lines), file=self.out or sys.stdout, flush=True)
 
     def piece_list(self, tokens: list[int]) -> str:
         return repr(self.tokenizer.decode(tokens))
