@@ -141,11 +141,7 @@ def render(result: dict) -> str:
 
 
 def build_parser() -> benchlib.Parser:
-    p = benchlib.script_parser(PROG, __doc__)
-    p.add_argument("--dtypes", type=benchlib.name_list("--dtypes", benchlib.DTYPES), default="float32,bfloat16",
-                   help="comma-separated")
-    p.add_argument("--kernels", type=benchlib.name_list("--kernels", benchlib.KERNELS), default="fast,compiled",
-                   help="comma-separated kinds of minispec.kernels (compiling takes minutes)")
+    p = benchlib.script_parser(PROG, __doc__, kernels="fast,compiled")
     p.add_argument("--prompts", type=ranged(int, "--prompts", lo=1), default=4, help="Spec-Bench RAG prompts")
     p.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5, help="draft length of the recorded runs")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=128,

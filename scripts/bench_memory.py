@@ -132,11 +132,8 @@ def render(result: dict) -> str:
 
 
 def build_parser() -> benchlib.Parser:
-    p = benchlib.script_parser(PROG, __doc__, threads=False)
-    p.add_argument("--dtypes", type=benchlib.name_list("--dtypes", benchlib.DTYPES), default="float32,bfloat16",
-                   help="comma-separated")
-    p.add_argument("--kernels", type=benchlib.name_list("--kernels", benchlib.KERNELS), default="reference,fast,compiled",
-                   help="comma-separated kinds of minispec.kernels (compiled compiles inside the measured run)")
+    p = benchlib.script_parser(PROG, __doc__, threads=False, kernels="reference,fast,compiled",
+                               kernels_help="compiled compiles inside the measured run")
     p.add_argument("--new-tokens", type=ranged(int, "--new-tokens", lo=1), default=64,
                    help="tokens generated in each child (eos ignored)")
     return p

@@ -285,12 +285,8 @@ DRAFTERS = ("ngram", "self:bf16", "self:int8")
 
 
 def build_parser() -> benchlib.Parser:
-    p = benchlib.script_parser(PROG, __doc__)
-    p.add_argument("--dtypes", type=benchlib.name_list("--dtypes", benchlib.DTYPES), default="float32,bfloat16",
-                   help="comma-separated")
-    p.add_argument("--kernels", type=benchlib.name_list("--kernels", benchlib.KERNELS), default="reference,fast,compiled",
-                   help="comma-separated kinds of minispec.kernels (compiling takes minutes); speculative decoding "
-                        "runs on the fast and compiled kinds")
+    p = benchlib.script_parser(PROG, __doc__, kernels="reference,fast,compiled",
+                               kernels_help="compiling takes minutes; speculative decoding runs on fast and compiled")
     p.add_argument("--sections", type=benchlib.name_list("--sections", SECTIONS), default="plain,speculative",
                    help="comma-separated")
     p.add_argument("--prompts", type=ranged(int, "--prompts", lo=1), default=4, help="prompts per set")

@@ -120,11 +120,7 @@ def _cost(row: dict, k: int) -> float:
 
 
 def build_parser() -> benchlib.Parser:
-    p = benchlib.script_parser(PROG, __doc__)
-    p.add_argument("--dtypes", type=benchlib.name_list("--dtypes", benchlib.DTYPES), default="float32,bfloat16",
-                   help="comma-separated")
-    p.add_argument("--kernels", type=benchlib.name_list("--kernels", benchlib.KERNELS), default="fast,compiled",
-                   help="comma-separated kinds of minispec.kernels (compiling takes minutes)")
+    p = benchlib.script_parser(PROG, __doc__, kernels="fast,compiled")
     p.add_argument("--gammas", type=benchlib.number_list(int, "--gammas", 1), default="3,5,8",
                    help="comma-separated draft lengths (the compiled kind is tuned for the first)")
     p.add_argument("--rows", type=benchlib.number_list(int, "--rows", 1), default="1,2,3,4,6,9",

@@ -452,9 +452,11 @@ def write_outputs(out: Path, name: str, result: dict, markdown: str) -> dict[str
 # --------------------------------------------------------------------------------------- flags
 
 
-def script_parser(prog: str, doc: str, threads: bool = True) -> Parser:
+def script_parser(prog: str, doc: str, threads: bool = True, kernels: str | None = None,
+                  kernels_help: str = "compiling takes minutes") -> Parser:
     """A Parser with the flags every benchmark has: --ckpt, --out and (unless it times nothing
-    in its own process) --threads. The description is the first line of the script's docstring."""
+    in its own process) --threads; with `kernels` (their default list) also --dtypes and
+    --kernels. The description is the first line of the script's docstring."""
     p = Parser(prog=prog, description=doc.strip().splitlines()[0])
     p.add_argument("--ckpt", type=Path, default=None,
                    help="checkpoint folder (if not given: weights/smollm2-135m-instruct, fetched on first use)")
@@ -462,6 +464,10 @@ def script_parser(prog: str, doc: str, threads: bool = True) -> Parser:
     if threads:
         p.add_argument("--threads", type=ranged(int, "--threads", lo=1), default=None,
                        help="torch threads (if not given: torch's own choice)")
+    if kernels is not None:
+        p.add_argument("--dtypes", type=name_list("--dtypes", DTYPES), default="float32,bfloat16", help="comma-separated")
+        p.add_argument("--kernels", type=name_list("--kernels", KERNELS), default=kernels,
+                       help=f"comma-separated kinds of minispec.kernels ({kernels_help})")
     return p
 
 
