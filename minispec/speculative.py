@@ -12,6 +12,7 @@ Speculative decoding (Leviathan et al. 2022; Chen et al. 2023) replaces the repe
     verify:   logits   = target([last, d_1..d_g])  ONE target pass scores all g guesses (g+1 rows)
     decide:   n, y     = policy(...)               keep d_1..d_n, then y (correction or bonus)
     rollback: both caches truncated to the accepted prefix
+    stats:    tau = tokens emitted per verify step, counting y (minispec.stats defines each figure)
 
 A target pass over g+1 tokens costs about as much as over 1 when decoding is memory-bound
 (the weights are read once either way), so every accepted draft is a token for free.
