@@ -141,12 +141,7 @@ class DropMatch(AcceptancePolicy):
         hidden, head = head_inputs(inp, self.name)
         gamma = inp.gamma
         clean_tokens = greedy_token(inp.target_logits)  # [gamma+1]
-        if self.p == 0:  # every path is the clean head, bitwise
-            path_logits = inp.target_logits.expand(self.paths, -1, -1)  # [K, gamma+1, V], a view
-        else:
-            dropped = hidden * self.draw_masks(hidden) / (1.0 - self.p)  # [K, gamma+1, d], inverted dropout
-            path_logits = head(dropped.reshape(-1, hidden.shape[1])).view(self.paths, gamma + 1, -1)  # [K, gamma+1, V]
-        path_logits = path_logits.to(torch.promote_types(path_logits.dtype, torch.float32))  # bf16 heads: upcast
+        path_logits = self.path_logits(hidden, head, inp.target_logits)  # [K, gamma+1, V]
         head_tokens = greedy_token(path_logits)  # [K, gamma+1]: y_k
 
         base_accepted = self.base_acceptances(inp, clean_tokens)  # [gamma]
@@ -156,6 +151,20 @@ class DropMatch(AcceptancePolicy):
         info = {"accepted_by_dropmatch_only": int((~base_accepted[:num_accepted]).sum()),
                 "heads_agree": int((head_tokens == clean_tokens).all(dim=0).sum()), "positions": gamma + 1}
         return Decision(num_accepted, self.next_token(inp, num_accepted, base_accepted, clean_tokens), info)
+
+    def path_logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
+                    clean_logits: torch.Tensor) -> torch.Tensor:
+        """l_k = W (h_i * m_k / (1-p)) for every path and position, in ONE head call: [K, rows, V].
+
+        hidden [rows, d] (the LM-head input), clean_logits [rows, V] = head(hidden), used as every
+        path at p = 0. Draws this step's masks. bf16 logits are upcast to float32.
+        """
+        if self.p == 0:  # every path is the clean head, bitwise
+            path_logits = clean_logits.expand(self.paths, -1, -1)  # [K, rows, V], a view
+        else:
+            dropped = hidden * self.draw_masks(hidden) / (1.0 - self.p)  # [K, rows, d], inverted dropout
+            path_logits = head(dropped.reshape(-1, hidden.shape[1])).view(self.paths, hidden.shape[0], -1)
+        return path_logits.to(torch.promote_types(path_logits.dtype, torch.float32))
 
     def draw_masks(self, hidden: torch.Tensor) -> torch.Tensor:
         """This step's 0/1 masks m_ki ~ Bernoulli(1-p)^d for every path and position: [K, gamma+1, d]."""
