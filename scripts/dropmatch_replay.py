@@ -32,6 +32,7 @@ moves a real run off this text, so tau, agreement and NLL come from real runs of
 from __future__ import annotations
 
 import sys
+import copy
 from dataclasses import dataclass
 
 import benchlib
@@ -40,7 +41,7 @@ from benchlib import fmt, md_table
 import torch  # noqa: E402
 
 from minispec.acceptance.base import VerifyInput  # noqa: E402
-from minispec.acceptance.dropmatch import DropMatch  # noqa: E402
+from minispec.acceptance.dropmatch import CRITERIA, DropMatch, js_divergence  # noqa: E402
 from minispec.cli import ranged  # noqa: E402
 from minispec.sampling import SamplingParams, greedy_token, logits_to_probs  # noqa: E402
 
@@ -95,16 +96,26 @@ def ngram_drafts(rec: Recording, max_ngram: int = 3) -> torch.Tensor:
 
 @torch.inference_mode()
 def replay(policy: DropMatch, rec: Recording, head, draft_tokens: torch.Tensor, draft_logits: torch.Tensor | None,
-           params: SamplingParams = SamplingParams(), chunk: int = 32) -> dict[str, torch.Tensor]:
+           params: SamplingParams = SamplingParams(), chunk: int = 32,
+           criteria: tuple[str, ...] | None = None) -> dict[str, torch.Tensor]:
     """DropMatch's per-position verdicts on the rows where draft_tokens >= 0: each a [m] tensor.
 
     draft_tokens [n] (-1: nothing drafted at that row), draft_logits [n, V] or None (one-hot
     drafts). Rows go through the policy in chunks, each chunk one VerifyInput whose "drafts" are
     the chunk's rows: the verdicts per position do not depend on each other (only the prefix
-    rule, which a replay does not apply, does). Masks come from the policy's own generator.
+    rule, which a replay does not apply, does). Masks come from the policy's own generator, one
+    draw per chunk. `criteria` (default: the policy's) are all judged on the same paths:
+    "accepted:<criterion>" is the policy's verdict with that criterion (OR its base if or_base).
+    Also: "base", "all_clean" (every head keeps the clean argmax), "largest_vote" (votes of the
+    most chosen head token), "js_draft" = JS(q || pbar) and "radius" = max_k JS(p_k || pbar).
     """
+    criteria = criteria or (policy.criterion,)
+    judges = {c: copy.copy(policy) for c in criteria}
+    for criterion, judge in judges.items():
+        judge.criterion = criterion
     rows = (draft_tokens >= 0).nonzero()[:, 0]  # [m]
-    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("base", "dropmatch", "accepted", "all_clean", "largest_vote")}
+    keys = ["base", "all_clean", "largest_vote", "js_draft", "radius"] + [f"accepted:{c}" for c in criteria]
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
     for part in rows.split(chunk):
         hidden = rec.hidden[part]  # [c, d]
         target_logits = torch.cat([rec.target_logits[part], rec.target_logits[part[-1:]]])  # [c+1, V]: a bonus row
@@ -118,46 +129,75 @@ def replay(policy: DropMatch, rec: Recording, head, draft_tokens: torch.Tensor, 
         path_logits = policy.path_logits(inp.hidden, head, target_logits)[:, :-1]  # [K, c, V]
         head_tokens = greedy_token(path_logits)  # [K, c]
         base = policy.base_acceptances(inp, clean)  # [c]
-        own = policy.verdicts(inp, path_logits, head_tokens)  # [c]
         out["base"].append(base)
-        out["dropmatch"].append(own)
-        out["accepted"].append(own | base if policy.or_base else own)
+        for criterion, judge in judges.items():
+            own = judge.verdicts(inp, path_logits, head_tokens)  # [c]
+            out[f"accepted:{criterion}"].append(own | base if policy.or_base else own)
         out["all_clean"].append((head_tokens == clean[:-1]).all(dim=0))
         same = head_tokens.unsqueeze(1) == head_tokens.unsqueeze(0)  # [K, K, c]
         out["largest_vote"].append(same.sum(dim=1).amax(dim=0))  # [c]: votes of the most chosen token
+        js_draft, radius = js_terms(policy, inp, path_logits)
+        out["js_draft"].append(js_draft)
+        out["radius"].append(radius)
     return {k: torch.cat(v) if v else torch.zeros(0) for k, v in out.items()}
 
 
+def js_terms(policy: DropMatch, inp: VerifyInput, path_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two sides of the JS test as DropMatch.js_test computes them: JS(q || pbar) and
+    max_k JS(p_k || pbar), each [c]. path_logits [K, c, V]."""
+    temperature = policy.js_temperature if inp.params.greedy else inp.params.temperature
+    centroid = path_logits.mean(dim=0) if policy.p > 0 else path_logits[0]  # [c, V]
+    pbar = torch.softmax(centroid / temperature, dim=-1)  # [c, V]
+    draft_probs = (inp.q_draft.to(path_logits.dtype) if inp.draft_logits is None
+                   else torch.softmax(inp.draft_logits.to(path_logits.dtype) / temperature, dim=-1))  # [c, V]
+    radius = js_divergence(torch.softmax(path_logits / temperature, dim=-1), pbar).amax(dim=0)  # [c]
+    return js_divergence(draft_probs, pbar), radius
+
+
 def summarise(verdicts: list[dict[str, torch.Tensor]], paths: int) -> dict:
-    """Pooled shares over prompts (every drafted position counts once)."""
+    """Pooled over prompts (every drafted position counts once): shares, the paper's Table 2
+    (positions by largest vote) and Table 3 (mean JS of the draft and radius to the centroid, in
+    positions where the heads disperse vs where all K agree)."""
     pooled = {k: torch.cat([v[k] for v in verdicts]) for k in verdicts[0]}
     m = len(pooled["base"])
-    share = lambda x: float(x.double().mean()) if m else None  # noqa: E731
-    row = {"positions": m, "accept": share(pooled["accepted"]), "base": share(pooled["base"]),
-           "all_clean": share(pooled["all_clean"])}
-    row["gain"] = None if m == 0 else row["accept"] - row["base"]
-    row["largest_vote"] = [share(pooled["largest_vote"] == k) for k in range(1, paths + 1)]  # Table 2
+    share = lambda x: float(x.double().mean()) if len(x) else None  # noqa: E731
+    row = {"positions": m, "base": share(pooled["base"]), "all_clean": share(pooled["all_clean"]),
+           "accept": {k.split(":", 1)[1]: share(v) for k, v in pooled.items() if k.startswith("accepted:")},
+           "largest_vote": [share(pooled["largest_vote"] == k) for k in range(1, paths + 1)]}  # Table 2
+    concentrated = pooled["largest_vote"] == paths  # [m]: all K heads chose one token
+    row["dispersed"] = share(~concentrated)
+    for side in ("js_draft", "radius"):  # Table 3
+        row[f"{side}_dispersed"] = share(pooled[side][~concentrated])
+        row[f"{side}_concentrated"] = share(pooled[side][concentrated])
     return row
 
 
 def render(result: dict) -> str:
     s = result["settings"]
-    rows = result["rows"]
-    k_max = max(s["paths"])
+    rows, criteria, k_max = result["rows"], s["criteria"], max(s["paths"])
+    label = lambda r: [r["drafter"], f"{r['p']:g}", str(r["paths"])]  # noqa: E731
+    accept = md_table(["drafter", "p", "K", "positions", "base"] + [f"{c} (gain)" for c in criteria],
+                      [label(r) + [str(r["positions"]), fmt(r["base"], ".1%")]
+                       + [f"{fmt(r['accept'][c], '.1%')} ({fmt(r['accept'][c] - r['base'], '+.1%')})" for c in criteria]
+                       for r in rows])
+    table2 = md_table(["drafter", "p", "K", "all = clean"] + [f"votes {k}" for k in range(1, k_max + 1)],
+                      [label(r) + [fmt(r["all_clean"], ".1%")] + [fmt(v, ".0%") for v in r["largest_vote"]]
+                       + ["" for _ in range(k_max - r["paths"])] for r in rows])
+    table3 = md_table(["drafter", "p", "K", "dispersed", "JS draft, disp.", "radius, disp.", "JS draft, conc.",
+                       "radius, conc."],
+                      [label(r) + [fmt(r["dispersed"], ".0%")] + [fmt(r[k], ".4f") for k in (
+                          "js_draft_dispersed", "radius_dispersed", "js_draft_concentrated", "radius_concentrated")]
+                       for r in rows])
     return "\n".join([
         "# minispec: DropMatch replayed along the target's greedy text\n", benchlib.record_markdown(result["run"]),
         f"{s['prompts']} prompt(s) per set of {', '.join(s['sets'])}; greedy continuations of up to "
-        f"{s['max_new_tokens']} tokens; criterion {s['criterion']}, majority {s['majority']}, T = 0, base exact. "
-        "Shares over drafted positions: 'accept' = the policy's, 'base' = exact match's, 'gain' = their "
-        "difference; 'votes k' = positions whose most chosen token got k of the K heads (the paper's Table 2); "
-        "'all = clean' = every head keeps the clean argmax.\n",
-        md_table(["drafter", "p", "K", "positions", "base", "accept", "gain", "all = clean"]
-                 + [f"votes {k}" for k in range(1, k_max + 1)],
-                 [[r["drafter"], f"{r['p']:g}", str(r["paths"]), str(r["positions"]), fmt(r["base"], ".1%"),
-                   fmt(r["accept"], ".1%"), fmt(r["gain"], "+.1%"), fmt(r["all_clean"], ".1%")]
-                  + [fmt(v, ".0%") for v in r["largest_vote"]] + ["" for _ in range(k_max - r["paths"])]
-                  for r in rows]),
-        ""])
+        f"{s['max_new_tokens']} tokens (fp32, fast kernels); majority {s['majority']}, T = 0, base exact (OR-ed). "
+        "Shares over drafted positions.\n",
+        "## Acceptance: the base and each criterion (its gain over the base)\n", accept,
+        "\n## Head agreement (the paper's Table 2): positions by the most votes any one token got\n", table2,
+        "\n## JS to the centroid (the paper's Table 3)\n",
+        "Means of the JS test's two sides, JS(q, pbar) of the draft and the radius max_k JS(p_k, pbar), at "
+        "positions where the heads disperse ('disp.') and where all K choose one token ('conc.').\n", table3, ""])
 
 
 def measure(args, ckpt) -> dict:
@@ -178,11 +218,12 @@ def measure(args, ckpt) -> dict:
         for p in args.ps:
             for paths in args.paths:
                 print(f"{PROG}: {name}, p={p}, K={paths} ...", file=sys.stderr)
-                policy = DropMatch(p=p, paths=paths, criterion=args.criterion, majority=args.majority)
-                verdicts = [replay(policy, r, model.head, tokens, logits) for r, (tokens, logits) in zip(recordings, drafts)]
+                policy = DropMatch(p=p, paths=paths, majority=args.majority)
+                verdicts = [replay(policy, r, model.head, tokens, logits, criteria=args.criteria)
+                            for r, (tokens, logits) in zip(recordings, drafts)]
                 rows.append({"drafter": name, "p": p, "paths": paths, **summarise(verdicts, paths)})
     return {"settings": {"sets": list(args.sets), "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
-                         "ps": list(args.ps), "paths": list(args.paths), "criterion": args.criterion,
+                         "ps": list(args.ps), "paths": list(args.paths), "criteria": list(args.criteria),
                          "majority": args.majority, "exit_layers": list(args.exit_layers)},
             "rows": rows}
 
@@ -197,7 +238,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--ps", type=benchlib.number_list(float, "--ps", 0), default="0.005,0.01,0.02,0.05,0.1,0.3",
                    help="comma-separated dropout probabilities")
     p.add_argument("--paths", type=benchlib.number_list(int, "--paths", 1), default="5", help="comma-separated K")
-    p.add_argument("--criterion", choices=["js_or_majority", "js", "majority", "naive"], default="js_or_majority")
+    p.add_argument("--criteria", type=benchlib.name_list("--criteria", CRITERIA), default=",".join(CRITERIA),
+                   help="comma-separated DropMatch criteria, all judged on the same dropout paths")
     p.add_argument("--majority", choices=["strict", "plurality"], default="strict")
     p.add_argument("--exit-layers", type=benchlib.number_list(int, "--exit-layers", 1), default="24,27",
                    help="comma-separated early-exit depths (blocks run before the final norm and head)")

@@ -4,6 +4,7 @@ loop's DropMatch does on the same inputs with the same masks (tiny random models
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -56,9 +57,14 @@ def test_replay_decides_as_the_loop_on_the_same_inputs(cfg, seed, gamma, p, path
             continue
         rec = dropmatch_replay.Recording([], 0, inp.hidden[:g], inp.target_logits[:g], {})
         verdicts = dropmatch_replay.replay(replaying, rec, inp.head, inp.draft_tokens, inp.draft_logits, inp.params,
-                                           chunk=g)
-        assert first_rejection(verdicts["accepted"]) == step.decision.num_accepted
+                                           chunk=g, criteria=("js_or_majority", "js", "majority", "naive"))
+        assert first_rejection(verdicts[f"accepted:{criterion}"]) == step.decision.num_accepted
         assert verdicts["base"].tolist() == (inp.draft_tokens == inp.target_logits[:g].argmax(-1)).tolist()
+        # the JS test is "JS(q || pbar) <= radius": its two sides, as reported, decide it
+        if criterion == "js" and not or_base:
+            assert verdicts["accepted:js"].tolist() == (verdicts["js_draft"] <= verdicts["radius"]).tolist()
+        if criterion == "naive":  # every criterion is judged on the same paths: naive accepts what majority does
+            assert bool((verdicts["accepted:naive"] >= verdicts["accepted:majority"]).all())
 
 
 def test_ngram_drafts_are_the_drafters_first_proposal_at_each_row():
@@ -67,10 +73,14 @@ def test_ngram_drafts_are_the_drafters_first_proposal_at_each_row():
     assert dropmatch_replay.ngram_drafts(rec).tolist() == [-1, 2, 3, 1]
 
 
-def test_summarise_counts_the_largest_vote_like_the_papers_table_2():
-    verdicts = [{"base": torch.tensor([True, False, False]), "dropmatch": torch.tensor([False, True, False]),
-                 "accepted": torch.tensor([True, True, False]), "all_clean": torch.tensor([True, False, False]),
-                 "largest_vote": torch.tensor([3, 2, 1])}]
-    row = dropmatch_replay.summarise(verdicts, paths=3)
-    assert row["positions"] == 3 and row["accept"] == 2 / 3 and row["base"] == 1 / 3 and row["gain"] == 1 / 3
-    assert row["largest_vote"] == [1 / 3, 1 / 3, 1 / 3] and row["all_clean"] == 1 / 3
+def test_summarise_gives_the_papers_tables_2_and_3_pooled_over_prompts():
+    one = {"base": torch.tensor([True, False]), "accepted:majority": torch.tensor([True, True]),
+           "all_clean": torch.tensor([True, False]), "largest_vote": torch.tensor([3, 2]),
+           "js_draft": torch.tensor([0.0, 0.4]), "radius": torch.tensor([0.1, 0.2])}
+    two = {"base": torch.tensor([False]), "accepted:majority": torch.tensor([False]), "all_clean": torch.tensor([False]),
+           "largest_vote": torch.tensor([1]), "js_draft": torch.tensor([0.6]), "radius": torch.tensor([0.4])}
+    row = dropmatch_replay.summarise([one, two], paths=3)
+    assert row["positions"] == 3 and row["base"] == 1 / 3 and row["accept"] == {"majority": 2 / 3}
+    assert row["largest_vote"] == [1 / 3, 1 / 3, 1 / 3] and row["all_clean"] == 1 / 3 and row["dispersed"] == 2 / 3
+    assert row["js_draft_concentrated"] == 0.0 and row["radius_concentrated"] == pytest.approx(0.1)
+    assert row["js_draft_dispersed"] == pytest.approx(0.5) and row["radius_dispersed"] == pytest.approx(0.3)
