@@ -147,7 +147,7 @@ def run(args: GenerateArgs) -> dict:
     if args.trace and drafter is not None:
         from minispec.trace import Tracer
 
-        tracer = Tracer(tokenizer, drafter.name, policy.name)
+        tracer = Tracer(tokenizer, drafter.name, policy.name, out=sys.stderr if args.json else None)  # keep JSON clean
     result = generate(
         model, prompt_ids, max_new_tokens=args.max_new_tokens, draft=drafter, policy=policy, gamma=args.gamma,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

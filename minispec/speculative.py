@@ -167,7 +167,7 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         with timer("verify"):
             verify_ids = torch.tensor([[seq[-1]] + draft.tokens], device=target.device)  # [1, g+1]
             hidden = target.forward_hidden(verify_ids, cache)[0]  # [g+1, d]: the LM-head input
-            target_logits, extra_logits = score(target, policy, hidden)  # [g+1, V], [n, V] or None
+            target_logits, extra_logits = score(target.head, policy, hidden)  # [g+1, V], [n, V] or None
 
         # 3. Decide: how many drafts to keep, and the token that follows them.
         with timer("policy"):
@@ -222,13 +222,14 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
     return GenerationResult(tokens=tokens, stats=stats)
 
 
-def score(target: Transformer, policy: AcceptancePolicy, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def score(head: Callable[[torch.Tensor], torch.Tensor], policy: AcceptancePolicy,
+          hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The LM head on the verify rows hidden [g+1, d]: target logits [g+1, V], and the logits [n, V]
     of any extra rows the policy asked for (`extra_head_rows`), in ONE head call (None if none)."""
     extra_rows = policy.extra_head_rows(hidden)  # [n, d] or None
     if extra_rows is None:
-        return target.head(hidden), None
-    logits = target.head(torch.cat([hidden, extra_rows.to(hidden.dtype)]))  # [g+1+n, V]
+        return head(hidden), None
+    logits = head(torch.cat([hidden, extra_rows.to(hidden.dtype)]))  # [g+1+n, V]
     return logits[: hidden.shape[0]], logits[hidden.shape[0]:]
 
 

@@ -53,6 +53,13 @@ def test_trace_prints_each_step_then_the_same_text(real_ckpt, capsys):
     assert traced.endswith("emitted " + traced.split("emitted ")[-1].split("\n")[0] + "\n" + plain)  # then the text
 
 
+def test_trace_with_json_keeps_stdout_one_json_object(real_ckpt, capsys):
+    code, out, err = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "8", "--draft", "ngram",
+                             "--trace", "--json")
+    assert code == 0 and json.loads(out)["tokens"]  # stdout parses as JSON
+    assert "decision exact:" in err  # the steps went to stderr
+
+
 def test_help_shows_the_defaults(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["-h"])

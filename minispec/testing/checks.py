@@ -37,7 +37,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
 from minispec.kv_cache import KVCache
 from minispec.sampling import SamplingParams, logits_to_probs
-from minispec.speculative import generate
+from minispec.speculative import generate, score
 from minispec.testing.cache_machine import make_cache_machine
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 from minispec.testing.strategies import model_configs, random_model, seeds, tiny_config
@@ -96,12 +96,9 @@ def with_head(policy: AcceptancePolicy, inp: VerifyInput, seed: int) -> VerifyIn
     hidden = torch.randn(rows, 8, generator=gen, dtype=torch.float64)  # [gamma+1, d]
     weight = torch.randn(vocab, 8, generator=gen, dtype=torch.float64)  # [V, d]
     head = lambda h: h @ weight.T  # noqa: E731  [..., d] -> [..., V]
-    extra_rows = policy.extra_head_rows(hidden)  # [n, d] or None
-    logits = head(hidden if extra_rows is None else torch.cat([hidden, extra_rows]))  # [gamma+1 (+n), V]
-    target_logits = logits[:rows]
+    target_logits, extra_logits = score(head, policy, hidden)  # [gamma+1, V], [n, V] or None: as the loop does
     return VerifyInput(inp.draft_tokens, inp.q_draft, target_logits, logits_to_probs(target_logits, inp.params),
-                       inp.params, inp.generator, inp.draft_logits, hidden=hidden, head=head,
-                       extra_logits=None if extra_rows is None else logits[rows:])
+                       inp.params, inp.generator, inp.draft_logits, hidden=hidden, head=head, extra_logits=extra_logits)
 
 
 def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: bool | None = None,
