@@ -11,6 +11,7 @@ weights/ on first use. User mistakes end in one line on stderr and exit status 2
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from minispec.acceptance.dropmatch_calibrate import DEFAULT_LEVEL
 from minispec.cli import Parser, ranged, run_main
 from minispec.errors import MinispecError
 
@@ -44,7 +46,8 @@ class GenerateArgs:
     draft: str | None
     policy: str
     gamma: int
-    dropout_p: float
+    dropout_p: float | str  # a number or "auto"
+    agreement: float
     paths: int
     criterion: str
     majority: str
@@ -82,8 +85,12 @@ def build_parser() -> Parser:
                    help="acceptance policy: exact, sampling, typical, dropmatch (Algorithm 1 in full), dropmatch-lazy "
                         "(the same decisions, computing only what each needs), or a registered name")
     s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5, help="draft length per verify step")
-    s.add_argument("--dropout-p", type=ranged(float, "--dropout-p", lo=0, hi=1, hi_open=True), default=0.3,
-                   help="DropMatch: dropout probability on the LM-head input")
+    s.add_argument("--dropout-p", type=dropout_p, default=0.3,
+                   help="DropMatch: dropout probability on the LM-head input, in [0, 1), or 'auto': the p whose "
+                        "estimated all-K head agreement with the clean argmax is --agreement, on the target's first "
+                        "32 greedy tokens of this prompt (minispec.acceptance.dropmatch_calibrate)")
+    s.add_argument("--agreement", type=ranged(float, "--agreement", lo=0, hi=1, lo_open=True), default=DEFAULT_LEVEL,
+                   help="with --dropout-p auto: the share of positions where all K heads keep the clean argmax")
     s.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")
     s.add_argument("--criterion", choices=["js_or_majority", "js", "majority", "naive"], default="js_or_majority")
     s.add_argument("--majority", choices=["strict", "plurality"], default="strict")
@@ -96,6 +103,19 @@ def build_parser() -> Parser:
                    help="print every verify step as it happens: the drafts, each row's target choice and "
                         "probability, the decision, the rollback and both caches' lengths (then the text)")
     return p
+
+
+def dropout_p(text: str) -> float | str:
+    """--dropout-p: 'auto' or a number in [0, 1)."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--dropout-p = {text!r}; expected a number in [0, 1) or 'auto'") from None
+    if not 0 <= value < 1:  # also nan
+        raise argparse.ArgumentTypeError(f"--dropout-p = {text}; expected 0 <= dropout-p < 1 or 'auto'")
+    return value
 
 
 def parse_args(argv: list[str] | None = None) -> GenerateArgs:
@@ -124,6 +144,12 @@ def run(args: GenerateArgs) -> dict:
     model = load_model(ckpt, dtype=DTYPES[args.dtype], device=device)
     tokenizer = load_tokenizer(ckpt)
     drafter = make_drafter(args.draft, model)  # before the kernels: a self-draft copies the loaded weights
+    prompt_ids = _prompt_ids(args, tokenizer)
+    p = args.dropout_p
+    if p == "auto" and args.policy in ("dropmatch", "dropmatch-lazy"):  # before the kernels: it reads lm_head.weight
+        from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
+
+        p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, eos_token_ids=tokenizer.eos_token_ids)
     kind = args.kernels
     if kind == "fast" and (device.type != "cpu" or model.dtype not in kernels.packed.SUPPORTED_DTYPES):
         kind = "reference"  # the default falls back where packed weights do not apply (float64, not CPU)
@@ -133,14 +159,7 @@ def run(args: GenerateArgs) -> dict:
         if not args.json:
             print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
         kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
-    policy = _policy(args)
-    if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": args.prompt}
-        ]
-        prompt_ids = tokenizer.apply_chat_template(messages)
-    else:
-        prompt_ids = tokenizer.encode(args.prompt)
+    policy = _policy(args, p)
 
     printer = None if args.json or args.trace else _Printer(tokenizer, colour=args.show)
     tracer = None
@@ -159,14 +178,25 @@ def run(args: GenerateArgs) -> dict:
         printer.finish()
     elif args.trace and not args.json:
         print(text)
+    if args.policy in ("dropmatch", "dropmatch-lazy"):
+        result.stats["dropout_p"] = p
     return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids), "stats": result.stats}
 
 
-def _policy(args: GenerateArgs):
+def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
+    if not args.chat:
+        return tokenizer.encode(args.prompt)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
+    return tokenizer.apply_chat_template(messages)
+
+
+def _policy(args: GenerateArgs, p: float | str):
     from minispec import acceptance
 
     if args.policy in ("dropmatch", "dropmatch-lazy"):
-        return acceptance.get(args.policy, p=args.dropout_p, paths=args.paths, criterion=args.criterion,
+        return acceptance.get(args.policy, p=p, paths=args.paths, criterion=args.criterion,
                               majority=args.majority, or_base=args.or_base, seed=args.seed)
     try:
         return acceptance.get(args.policy)
@@ -240,7 +270,8 @@ def format_stats(s: dict) -> str:
         agree = (f"all K heads agree with the clean argmax at {info['heads_agree'] / info['positions']:.1%} of positions"
                  if info.get("positions") else
                  f"dropout paths computed at {info.get('path_positions', 0) / s['verify_steps']:.2f} positions per step")
-        lines.append(f"dropmatch: {agree}; {info['accepted_by_dropmatch_only']} tokens accepted only thanks to DropMatch")
+        lines.append(f"dropmatch p {s['dropout_p']:.4g}: {agree}; {info['accepted_by_dropmatch_only']} tokens accepted "
+                     "only thanks to DropMatch")
     return "\n".join(lines)
 
 

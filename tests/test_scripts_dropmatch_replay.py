@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import dropmatch_replay  # noqa: E402
 
 from minispec.acceptance.base import first_rejection  # noqa: E402
-from minispec.acceptance.dropmatch import DropMatch  # noqa: E402
+from minispec.acceptance.dropmatch import CRITERIA, DropMatch  # noqa: E402
+from minispec.sampling import SamplingParams  # noqa: E402
 from minispec.speculative import generate  # noqa: E402
 from minispec.testing import model_configs, random_model, seeds  # noqa: E402
 
@@ -28,10 +29,10 @@ def test_record_keeps_the_rows_of_one_plain_forward(cfg, seed, prompt, continuat
     ids = torch.tensor([prompt + continuation])
     start = len(prompt) - 1
     with torch.no_grad():
-        torch.testing.assert_close(rec.target_logits, model(ids)[0, start:-1], rtol=0, atol=1e-12)
-        for n in layers:  # early exit after block n: the first n blocks, the final norm, the head
-            want = model.head(model.forward_hidden(ids, num_layers=n))[0, start:-1]
-            torch.testing.assert_close(rec.exit_logits[n], want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(model.head(rec.hidden), model(ids)[0, start:-1], rtol=0, atol=1e-12)
+        for n in layers:  # early exit after block n: the first n blocks, the final norm (then the head)
+            want = model.forward_hidden(ids, num_layers=n)[0, start:-1]
+            torch.testing.assert_close(rec.exit_hidden[n], want, rtol=0, atol=1e-12)
     assert rec.next_tokens == continuation and rec.hidden.shape[0] == len(continuation)
 
 
@@ -55,9 +56,10 @@ def test_replay_decides_as_the_loop_on_the_same_inputs(cfg, seed, gamma, p, path
         if g == 0:  # an n-gram miss: the loop's policy still drew this step's masks
             replaying.draw_masks(inp.hidden)
             continue
-        rec = dropmatch_replay.Recording([], 0, inp.hidden[:g], inp.target_logits[:g], {})
+        rec = dropmatch_replay.Recording([], 0, inp.hidden[:g], {})
         verdicts = dropmatch_replay.replay(replaying, rec, inp.head, inp.draft_tokens, inp.draft_logits, inp.params,
-                                           chunk=g, criteria=("js_or_majority", "js", "majority", "naive"))
+                                           chunk=g, criteria=("js_or_majority", "js", "majority", "naive"),
+                                           target_logits=inp.target_logits[:g])
         assert first_rejection(verdicts[f"accepted:{criterion}"]) == step.decision.num_accepted
         assert verdicts["base"].tolist() == (inp.draft_tokens == inp.target_logits[:g].argmax(-1)).tolist()
         # the JS test is "JS(q || pbar) <= radius": its two sides, as reported, decide it
@@ -68,19 +70,81 @@ def test_replay_decides_as_the_loop_on_the_same_inputs(cfg, seed, gamma, p, path
 
 
 def test_ngram_drafts_are_the_drafters_first_proposal_at_each_row():
-    rec = dropmatch_replay.Recording([1, 2, 3, 1, 2, 3, 4], 2, torch.zeros(4, 1), torch.zeros(4, 5), {})
+    rec = dropmatch_replay.Recording([1, 2, 3, 1, 2, 3, 4], 2, torch.zeros(4, 1), {})
     # rows predict ids[3..6]; contexts ids[:3], ids[:4], ids[:5], ids[:6]
     assert dropmatch_replay.ngram_drafts(rec).tolist() == [-1, 2, 3, 1]
 
 
-def test_summarise_gives_the_papers_tables_2_and_3_pooled_over_prompts():
-    one = {"base": torch.tensor([True, False]), "accepted:majority": torch.tensor([True, True]),
-           "all_clean": torch.tensor([True, False]), "largest_vote": torch.tensor([3, 2]),
-           "js_draft": torch.tensor([0.0, 0.4]), "radius": torch.tensor([0.1, 0.2])}
-    two = {"base": torch.tensor([False]), "accepted:majority": torch.tensor([False]), "all_clean": torch.tensor([False]),
-           "largest_vote": torch.tensor([1]), "js_draft": torch.tensor([0.6]), "radius": torch.tensor([0.4])}
-    row = dropmatch_replay.summarise([one, two], paths=3)
+@settings(max_examples=15)
+@given(cfg=model_configs(), seed=seeds, p=st.sampled_from([0.0, 0.1, 0.3, 0.6]), paths=st.integers(1, 6),
+       majority=st.sampled_from(["strict", "plurality"]), chunk=st.integers(1, 7), one_hot=st.booleans(),
+       rows=st.integers(1, 12))
+def test_the_sweep_decides_as_the_literal_replay_on_the_same_masks(cfg, seed, p, paths, majority, chunk, one_hot, rows):
+    """sweep (the JS sides computed once, every criterion and K from one set of paths) against
+    replay (the policy's own verdicts): at K = K_max they draw the same masks and must agree on
+    every verdict; at T = 1 DropMatch's own verdicts on the sweep's sampled draft tokens equal the
+    policy's verdicts on those tokens."""
+    model = random_model(cfg, seed, scale=3.0)
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, cfg.hidden_size, generator=gen, dtype=torch.float64)  # [n, d]
+    draft_hidden = torch.randn(rows, cfg.hidden_size, generator=gen, dtype=torch.float64)
+    tokens = model.head(draft_hidden).argmax(dim=-1)  # every row drafted: the sweep's chunks are the replay's
+    draft = (dropmatch_replay.DraftRows(tokens) if one_hot
+             else dropmatch_replay.DraftRows(tokens, draft_hidden, model.head))
+    judged = dropmatch_replay.sweep(hidden, model.head, {"d": draft}, p, (paths,), (0.0, 1.0), majority, chunk, seed)
+    policy = DropMatch(p=p, paths=paths, majority=majority, seed=seed)
+    draft_logits = None if one_hot else model.head(draft_hidden)
+    want = dropmatch_replay.replay(policy, dropmatch_replay.Recording([], 0, hidden, {}), model.head, tokens,
+                                   draft_logits, chunk=chunk, criteria=CRITERIA)
+    got = judged[(paths, "d", 0.0)]
+    assert got["rows"].tolist() == (tokens >= 0).nonzero()[:, 0].tolist()
+    for criterion in CRITERIA:
+        assert (got[f"own:{criterion}"] | got["base"]).tolist() == want[f"accepted:{criterion}"].tolist(), criterion
+    for key in ("base", "all_clean", "largest_vote"):
+        assert got[key].tolist() == want[key].tolist(), key
+    for key in ("js_draft", "radius"):
+        torch.testing.assert_close(got[key], want[key], rtol=1e-12, atol=1e-15)
+    # T = 1: the sampled tokens, judged by the policy itself on the same paths (K = K_max, same masks)
+    hot = judged[(paths, "d", 1.0)]
+    sampled = torch.full_like(tokens, -1)
+    sampled[hot["rows"]] = hot["token"]
+    again = dropmatch_replay.replay(DropMatch(p=p, paths=paths, majority=majority, seed=seed, or_base=False),
+                                    dropmatch_replay.Recording([], 0, hidden, {}), model.head, sampled, draft_logits,
+                                    SamplingParams(temperature=1.0), chunk=chunk, criteria=CRITERIA)
+    if (sampled >= 0).tolist() == (tokens >= 0).tolist():  # the same chunks, so the same masks
+        for criterion in CRITERIA:
+            assert hot[f"own:{criterion}"].tolist() == again[f"accepted:{criterion}"].tolist(), criterion
+
+
+def test_the_first_k_paths_of_a_sweep_are_a_k_path_dropmatch():
+    """K < K_max: the first K of the K_max paths (the head agreement uses only those)."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(9, 6, generator=gen, dtype=torch.float64)
+    head = lambda x: x @ weight.T  # noqa: E731
+    hidden = torch.randn(5, 6, generator=gen, dtype=torch.float64)
+    draft = dropmatch_replay.DraftRows(torch.tensor([0, -1, 2, 3, 4]))  # row 1: no draft (an n-gram miss)
+    judged = dropmatch_replay.sweep(hidden, head, {"d": draft}, 0.4, (2, 4), (0.0,), chunk=5, seed=3)
+    assert judged[(2, "d", 0.0)]["rows"].tolist() == [0, 2, 3, 4]
+    paths = DropMatch(p=0.4, paths=4, seed=3).path_logits(torch.cat([hidden, hidden[-1:]]), head,
+                                                          head(torch.cat([hidden, hidden[-1:]])))[:, :-1]
+    first_two = paths[:2].argmax(dim=-1)  # [2, 5]
+    clean = head(hidden).argmax(dim=-1)
+    drafted = [0, 2, 3, 4]
+    assert judged[(2, "d", 0.0)]["all_clean"].tolist() == (first_two == clean).all(dim=0)[drafted].tolist()
+    assert judged[(4, "d", 0.0)]["all_clean"].tolist() == (paths.argmax(dim=-1) == clean).all(dim=0)[drafted].tolist()
+
+
+def test_summarise_gives_the_papers_tables_2_and_3_pooled_over_prompts_with_a_bootstrap_interval():
+    verdicts = {"rows": torch.tensor([0, 1, 3]), "base": torch.tensor([True, False, False]),
+                "own:majority": torch.tensor([False, True, False]), "all_clean": torch.tensor([True, False, False]),
+                "largest_vote": torch.tensor([3, 2, 1]), "js_draft": torch.tensor([0.0, 0.4, 0.6]),
+                "radius": torch.tensor([0.1, 0.2, 0.4])}
+    row_prompt = torch.tensor([0, 0, 1, 1])  # rows 0, 1 of prompt 0; rows 2, 3 of prompt 1 (row 2 undrafted)
+    row = dropmatch_replay.summarise(verdicts, row_prompt, paths=3, criteria=("majority",), resamples=200)
     assert row["positions"] == 3 and row["base"] == 1 / 3 and row["accept"] == {"majority": 2 / 3}
     assert row["largest_vote"] == [1 / 3, 1 / 3, 1 / 3] and row["all_clean"] == 1 / 3 and row["dispersed"] == 2 / 3
     assert row["js_draft_concentrated"] == 0.0 and row["radius_concentrated"] == pytest.approx(0.1)
     assert row["js_draft_dispersed"] == pytest.approx(0.5) and row["radius_dispersed"] == pytest.approx(0.3)
+    # the gain per prompt: prompt 0 gains 1 of 2 positions, prompt 1 0 of 1; resampled prompts give 0, 1/3 or 1/2
+    low, high = row["gain_ci"]["majority"]
+    assert 0 <= low <= high <= 0.5 and high > 0

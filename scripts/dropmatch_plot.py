@@ -1,0 +1,126 @@
+"""The figures of docs/dropmatch.md: tau gain against quality change, and head agreement against p.
+
+    python scripts/dropmatch_plot.py [--quality out/dropmatch_quality*/dropmatch_quality.json ...]
+                                     [--calibration out/dropmatch_calibration/dropmatch_calibration.json]
+                                     [--png out/dropmatch_plot/dropmatch_pareto.png]
+
+Pareto figure (from one or more dropmatch_quality.json, e.g. runs split over processes): every
+DropMatch configuration on all text prompts as a point, x = tau gain over its base, y = change in
+the target's NLL (left) and in the addition task score (right), with 95% intervals as bars; the
+Pareto front (most tau gain for a given quality change) drawn as a line. Agreement figure (from
+dropmatch_calibration.json): all-K head agreement against p, measured (points) with the
+first-order and Gaussian estimates (lines). Needs matplotlib.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import benchlib
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # files only
+import matplotlib.pyplot as plt  # noqa: E402
+
+from minispec.cli import run_main  # noqa: E402
+from minispec.errors import MinispecError  # noqa: E402
+
+PROG = "dropmatch_plot"
+
+
+def load(paths: list[Path]) -> list[dict]:
+    results = []
+    for path in paths:
+        if not path.is_file():
+            raise MinispecError(f"{path}: no such file; expected a result of scripts/dropmatch_quality.py")
+        results.append(json.loads(path.read_text()))
+    return results
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Points not dominated by another with more gain and no worse cost: (gain, cost), cost lower is better."""
+    front = [pt for pt in points if not any(o[0] >= pt[0] and o[1] <= pt[1] and o != pt for o in points)]
+    return sorted(front)
+
+
+def plot_pareto(results: list[dict], path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    panels = (("all text", "nll_change", "change in the target's NLL (relative)"),
+              ("addition", "correct_change", "change in addition score (points)"))
+    for ax, (group, key, label) in zip(axes, panels):
+        points = []
+        for result in results:
+            for r in result["rows"]:
+                if r["group"] != group or r["policy"] == "base" or r.get(key) is None or r.get("tau_gain") is None:
+                    continue
+                cost = r[key] if key == "nll_change" else -r[key]  # lower is better on both axes as drawn
+                style = "o" if r["temperature"] == 0 else "s"
+                ci = r.get(f"{key}_ci") or [r[key], r[key]]
+                xci = r.get("tau_gain_ci") or [r["tau_gain"], r["tau_gain"]]
+                ax.errorbar(r["tau_gain"], r[key], yerr=[[r[key] - ci[0]], [ci[1] - r[key]]],
+                            xerr=[[r["tau_gain"] - xci[0]], [xci[1] - r["tau_gain"]]], fmt=style, capsize=2)
+                ax.annotate(f"{r['policy']} g{r['gamma']} T{r['temperature']:g}", (r["tau_gain"], r[key]), fontsize=6)
+                points.append((r["tau_gain"], cost))
+        front = pareto_front(points)
+        if front:
+            ax.plot([g for g, _ in front], [c if key == "nll_change" else -c for _, c in front], "k--", lw=0.8,
+                    label="Pareto front")
+            ax.legend(fontsize=7)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_xlabel("tau gain over the base")
+        ax.set_ylabel(label)
+        ax.set_title(group, fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def plot_agreement(calibration: dict, path: Path) -> Path:
+    s, models = calibration["settings"], calibration["models"]
+    fig, axes = plt.subplots(1, len(s["paths"]), figsize=(5.5 * len(s["paths"]), 4.5), squeeze=False)
+    for ax, k in zip(axes[0], map(str, s["paths"])):
+        for i, (name, m) in enumerate(models.items()):
+            c = m[k]
+            ax.plot(s["ps"], c["measured"], "o", color=f"C{i}", ms=4, label=f"{name}: measured")
+            ax.plot(s["ps"], c["first_order"], "-", color=f"C{i}", lw=1, label=f"{name}: first order")
+            ax.plot(s["ps"], c["gaussian"], ":", color=f"C{i}", lw=1, label=f"{name}: Gaussian")
+        ax.set_xscale("log")
+        ax.set_xlabel("dropout p")
+        ax.set_ylabel(f"share of positions where all K = {k} heads keep the argmax")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def build_parser() -> benchlib.Parser:
+    p = benchlib.Parser(prog=PROG, description=__doc__.strip().splitlines()[0])
+    p.add_argument("--quality", type=Path, nargs="*", default=[], help="dropmatch_quality.json files")
+    p.add_argument("--calibration", type=Path, default=None, help="a dropmatch_calibration.json")
+    p.add_argument("--out", type=Path, default=None, help="output folder (if not given: out/dropmatch_plot/)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = benchlib.out_dir(PROG, args.out)
+
+    def body() -> int:
+        if args.quality:
+            print(plot_pareto(load(args.quality), out / "dropmatch_pareto.png"))
+        if args.calibration is not None:
+            print(plot_agreement(load([args.calibration])[0], out / "dropmatch_agreement.png"))
+        return 0
+
+    return run_main(PROG, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
