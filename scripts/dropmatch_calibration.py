@@ -40,7 +40,7 @@ def curves(hidden: torch.Tensor, weight: torch.Tensor, head, ps, paths, levels, 
                      for m in EstimatedAgreement.METHODS}
         picks = []
         for level in levels:
-            pick = {"level": level, "p_measured": calibrate_p(measured, level, steps=14)}
+            pick = {"level": level, "p_measured": calibrate_p(measured, level, steps=12)}
             for name, estimate in estimates.items():
                 pick[f"p_{name}"] = calibrate_p(estimate, level)
                 pick[f"measured_at_p_{name}"] = measured(pick[f"p_{name}"])
@@ -78,6 +78,7 @@ def measure(args, ckpt) -> dict:
     with torch.inference_mode():
         hidden = torch.cat([model.forward_hidden(torch.tensor([p.ids + t]))[0, len(p.ids) - 1:-1]
                             for p, t in zip(prompts, texts) if t])  # [N, d]
+    hidden = hidden[torch.linspace(0, hidden.shape[0] - 1, min(args.positions, hidden.shape[0])).long()]  # spread out
     weight = model.lm_head.weight.detach()
     print(f"{PROG}: the real model, {hidden.shape[0]} positions ...", file=sys.stderr)
     results = {"real": {"width": hidden.shape[1], "positions": hidden.shape[0],
@@ -89,6 +90,7 @@ def measure(args, ckpt) -> dict:
                                         **curves(rows, tiny.lm_head.weight.detach(), tiny.head, args.ps, args.paths,
                                                  args.levels)}
     return {"settings": {"sets": [f"{n}:{k}" for n, k in args.sets], "max_new_tokens": args.max_new_tokens,
+                         "positions": args.positions,
                          "ps": list(args.ps), "paths": list(args.paths), "levels": list(args.levels),
                          "widths": list(args.widths), "vocab": args.vocab, "random_positions": args.random_positions},
             "models": results}
@@ -107,7 +109,7 @@ def render(result: dict) -> str:
                            fmt(pk["measured_at_p_gaussian"], ".2f")] for pk in c["picks"]]
     return "\n".join([
         "# minispec: DropMatch's head agreement, estimated and measured\n", benchlib.record_markdown(result["run"]),
-        f"Real model: {models['real']['positions']} positions of its greedy continuations ({', '.join(s['sets'])}, "
+        f"Real model: {models['real']['positions']} positions (evenly spread) of its greedy continuations ({', '.join(s['sets'])}, "
         f"up to {s['max_new_tokens']} tokens). Random models: {s['random_positions']} random tokens through a random "
         f"2-layer model of width d, vocabulary {s['vocab']}. Agreement = share of positions where all K heads keep the "
         "clean argmax.\n",
@@ -123,6 +125,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--sets", type=set_counts, default="translation:10,summarization:10,qa:10,math_reasoning:10,rag:10,"
                    "gsm8k:50", help="the calibration prompts, each 'name:N' (cached continuations are reused)")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=2), default=128)
+    p.add_argument("--positions", type=ranged(int, "--positions", lo=1), default=640,
+                   help="real-model positions used, evenly spread over all the continuations' positions")
     p.add_argument("--ps", type=benchlib.number_list(float, "--ps", 0), default="0.001,0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.3,0.5")
     p.add_argument("--paths", type=benchlib.number_list(int, "--paths", 1), default="1,5")
     p.add_argument("--levels", type=benchlib.number_list(float, "--levels", 0.01), default="0.5,0.8,0.9,0.95")

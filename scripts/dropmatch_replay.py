@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -329,23 +330,24 @@ def render(result: dict) -> str:
 
 
 def continuations(model, prompts, max_new_tokens: int, eos: list[int], cache_dir, ckpt) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (plain decoding), cached on disk by the
-    prompts' ids, max_new_tokens and the checkpoint (its path, and the size and time of its files):
-    <cache_dir>/greedy-<key>.json."""
+    """The target's greedy continuation of each prompt (plain decoding), cached on disk per prompt:
+    <cache_dir>/greedy-<key>.json maps each prompt's ids to its continuation, one file per
+    (max_new_tokens, eos, checkpoint: its path and the size and time of its files)."""
     from minispec.speculative import generate
 
-    key = hashlib.sha256(json.dumps([[p.ids for p in prompts], max_new_tokens, eos,
-                                     _checkpoint_key(ckpt)]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([max_new_tokens, eos, _checkpoint_key(ckpt)]).encode()).hexdigest()[:16]
     path = cache_dir / f"greedy-{key}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
+    cached = json.loads(path.read_text()) if path.is_file() else {}
     outputs = []
     for i, prompt in enumerate(prompts):
-        print(f"{PROG}: greedy continuation {i + 1}/{len(prompts)}", file=sys.stderr)
-        outputs.append(generate(model, prompt.ids, max_new_tokens=max_new_tokens, eos_token_ids=eos).tokens)
+        ids = json.dumps(prompt.ids)
+        if ids not in cached:
+            print(f"{PROG}: greedy continuation {i + 1}/{len(prompts)}", file=sys.stderr)
+            cached[ids] = generate(model, prompt.ids, max_new_tokens=max_new_tokens, eos_token_ids=eos).tokens
+        outputs.append(cached[ids])
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(outputs))
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cached))
     tmp.replace(path)
     return outputs
 

@@ -31,6 +31,29 @@ def test_speculative_json_with_stats(real_ckpt, capsys):
     assert stats["policy"] == "dropmatch" and 1 <= stats["tau"] <= 4 and "acceptance_rate" in stats
 
 
+def test_dropout_p_auto_reports_the_calibrated_p_in_json_and_stats(real_ckpt, capsys):
+    """--dropout-p auto picks p by measured head agreement on the prompt's own greedy continuation:
+    the same p as calling the calibration directly, reported in --json and --stats; a fixed p is
+    reported as given. A higher --agreement asks for a smaller p."""
+    import minispec
+    from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
+
+    common = ("--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "6", "--draft", "ngram", "--policy", "dropmatch")
+    code, out, _ = run_cli(capsys, *common, "--json", "--dropout-p", "auto", "--agreement", "0.5")
+    assert code == 0
+    chosen = json.loads(out)["stats"]["dropout_p"]
+    model, tokenizer = minispec.load_model(real_ckpt), minispec.load_tokenizer(real_ckpt)
+    from minispec.speculative import generate
+
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    text = generate(model, prompt, max_new_tokens=32, eos_token_ids=tokenizer.eos_token_ids).tokens
+    assert chosen == auto_dropout_p(model, prompt, paths=5, level=0.5, continuation=text)
+    assert 0 < chosen < 0.9
+    assert auto_dropout_p(model, prompt, paths=5, level=0.95, continuation=text) <= chosen
+    code, _, err = run_cli(capsys, *common, "--stats", "--dropout-p", "0.125")
+    assert code == 0 and "dropmatch p 0.125:" in err
+
+
 def test_streaming_with_colours_prints_the_same_text(real_ckpt, capsys):
     code, plain, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12")
     code2, shown, err = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12",
