@@ -22,8 +22,8 @@ p = "auto": minispec.acceptance.dropmatch_calibrate picks p per prompt, as `--dr
 (the p whose estimated all-K head agreement on the target's first 32 greedy tokens is --level).
 
 Outputs: out/dropmatch_quality/ (git-ignored): records.jsonl (one record per configuration and
-prompt, appended as the run goes), dropmatch_quality.json and .md; a Pareto plot with
-scripts/dropmatch_plot.py.
+prompt, appended as the run goes; --resume keeps them and runs only what is missing),
+dropmatch_quality.json and .md; a Pareto plot with scripts/dropmatch_plot.py.
 """
 
 from __future__ import annotations
@@ -153,7 +153,13 @@ def measure(args, ckpt) -> dict:
                   for name, prompts in groups.items()}
     out_dir = benchlib.out_dir(PROG, args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sink = (out_dir / "records.jsonl").open("w", encoding="utf-8")
+    path = out_dir / "records.jsonl"
+    done = {}  # --resume: the records of an earlier run into the same folder, kept and not run again
+    if args.resume and path.is_file():
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            done[r["drafter"], r["gamma"], r["temperature"], r["policy"], r["set"], r["source_id"]] = r
+    sink = path.open("w", encoding="utf-8")
     records, auto_ps = [], {}
     ps = [None] + list(args.ps)  # None: the base
     for drafter_name in args.drafters:
@@ -164,6 +170,12 @@ def measure(args, ckpt) -> dict:
                     print(f"{PROG}: {label} ...", file=sys.stderr)
                     for group, prompts in groups.items():
                         for prompt, reference in zip(prompts, references[group]):
+                            policy_name = "base" if p is None else f"p={p}"
+                            key = (drafter_name, gamma, temperature, policy_name, prompt.set, prompt.source_id)
+                            if key in done:
+                                records.append(done[key])
+                                sink.write(json.dumps(done[key]) + "\n")
+                                continue
                             r = run_one(model, nll_model, tokenizer, prompt, reference, loaded.drafters[drafter_name],
                                         gamma, temperature, p, args, auto_ps)
                             r.update(drafter=drafter_name, gamma=gamma, temperature=temperature,
@@ -261,6 +273,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--level", type=ranged(float, "--level", lo=0, hi=1, lo_open=True), default=DEFAULT_LEVEL,
                    help="'auto': the estimated all-K head agreement to aim for")
     p.add_argument("--seed", type=ranged(int, "--seed", lo=0), default=0)
+    p.add_argument("--resume", action="store_true",
+                   help="keep the records already in --out's records.jsonl and run only what is missing")
     return p
 
 

@@ -361,44 +361,79 @@ def _checkpoint_key(ckpt) -> list:
 
 def measure(args, ckpt) -> dict:
     import minispec
-    from minispec.drafters import make_drafter
 
     tokenizer = minispec.load_tokenizer(ckpt)
     model = benchlib.load_minispec(ckpt, torch.float32, "fast").model
     eos = list(tokenizer.eos_token_ids)
     prompts = [p for name, n in args.sets for p in benchlib.load_prompts([name], n, tokenizer)]
     texts = continuations(model, prompts, args.max_new_tokens, eos, benchlib.ROOT / "out" / "dropmatch", ckpt)
-    recordings = [record(model, p.ids, t, exit_layers=args.exit_layers) for p, t in zip(prompts, texts) if t]
-    hidden = torch.cat([r.hidden for r in recordings])  # [N, d]
-    row_prompt = torch.cat([torch.full((len(r.next_tokens),), i) for i, r in enumerate(recordings)])  # [N]
-    drafts: dict[str, DraftRows] = {}
-    if args.ngram:
-        drafts["ngram:3"] = DraftRows(torch.cat([ngram_drafts(r) for r in recordings]))
-    for n in args.exit_layers:
-        exit_hidden = torch.cat([r.exit_hidden[n] for r in recordings])
-        drafts[f"early-exit:{n}"] = DraftRows(_greedy_rows(model.head, exit_hidden), exit_hidden, model.head)
-    for precision in args.self_drafts:
-        draft_model = make_drafter(f"self:{precision}", minispec.load_model(ckpt, dtype=torch.float32)).model
-        with torch.inference_mode():
-            own = torch.cat([draft_model.forward_hidden(torch.tensor([r.ids]))[0, r.start:-1] for r in recordings])
-        drafts[f"self:{precision}"] = DraftRows(_greedy_rows(draft_model.head, own), own, draft_model.head)
+    hidden, row_prompt, drafts = pooled_rows(args, ckpt, model, prompts, texts)
+    hidden, row_prompt = hidden[::args.stride], row_prompt[::args.stride]
+    drafts = {name: DraftRows(d.tokens[::args.stride], None if d.hidden is None else d.hidden[::args.stride], d.head)
+              for name, d in drafts.items()}
     rows = []
+    partial = benchlib.out_dir(PROG, args.out) / "rows.partial.jsonl"  # what a crash leaves
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text("")
     for p in args.ps:
         print(f"{PROG}: p={p} ...", file=sys.stderr)
         judged = sweep(hidden, model.head, drafts, p, args.paths, args.temperatures, args.majority)
         for (paths, name, temperature), verdicts in judged.items():
             rows.append({"drafter": name, "temperature": temperature, "p": p, "paths": paths,
                          **summarise(verdicts, row_prompt, paths, args.criteria)})
+            with partial.open("a") as f:
+                f.write(json.dumps(benchlib.finite(rows[-1])) + "\n")
     rows.sort(key=lambda r: (list(drafts).index(r["drafter"]), r["temperature"], r["p"], r["paths"]))
     by_set: dict[str, int] = {}
     for prompt in prompts:
         by_set[prompt.set] = by_set.get(prompt.set, 0) + 1
-    return {"settings": {"sets": [f"{name}:{n}" for name, n in args.sets], "prompts_by_set": by_set, "num_prompts": len(recordings),
+    return {"settings": {"sets": [f"{name}:{n}" for name, n in args.sets], "prompts_by_set": by_set,
+                         "num_prompts": int(row_prompt.max()) + 1, "stride": args.stride,
                          "positions": int(hidden.shape[0]), "max_new_tokens": args.max_new_tokens,
                          "ps": list(args.ps), "paths": list(args.paths), "criteria": list(args.criteria),
                          "temperatures": list(args.temperatures), "majority": args.majority,
                          "drafters": list(drafts)},
             "rows": rows}
+
+
+def pooled_rows(args, ckpt, model, prompts, texts) -> tuple[torch.Tensor, torch.Tensor, dict[str, DraftRows]]:
+    """Every prompt's rows pooled: the target's LM-head inputs [N, d], each row's prompt [N], and
+    each drafter's proposals. Cached on disk (out/dropmatch/rows-<key>.pt) by the texts, the
+    drafters and the checkpoint: a sweep over other settings starts from the cache."""
+    import minispec
+    from minispec.drafters import make_drafter
+
+    key = hashlib.sha256(json.dumps([[p.ids for p in prompts], texts, list(args.exit_layers), list(args.self_drafts),
+                                     args.ngram, _checkpoint_key(ckpt)]).encode()).hexdigest()[:16]
+    path = benchlib.ROOT / "out" / "dropmatch" / f"rows-{key}.pt"
+    heads = {"target": model.head}
+    if path.is_file():
+        saved = torch.load(path)
+    else:
+        recordings = [record(model, p.ids, t, exit_layers=args.exit_layers) for p, t in zip(prompts, texts) if t]
+        saved = {"hidden": torch.cat([r.hidden for r in recordings]),  # [N, d]
+                 "row_prompt": torch.cat([torch.full((len(r.next_tokens),), i) for i, r in enumerate(recordings)]),
+                 "drafts": {}}
+        if args.ngram:
+            saved["drafts"]["ngram:3"] = (torch.cat([ngram_drafts(r) for r in recordings]), None, None)
+        for n in args.exit_layers:
+            exit_hidden = torch.cat([r.exit_hidden[n] for r in recordings])
+            saved["drafts"][f"early-exit:{n}"] = (_greedy_rows(model.head, exit_hidden), exit_hidden, "target")
+        for precision in args.self_drafts:
+            draft_model = make_drafter(f"self:{precision}", minispec.load_model(ckpt, dtype=torch.float32)).model
+            heads[f"self:{precision}"] = draft_model.head
+            with torch.inference_mode():
+                own = torch.cat([draft_model.forward_hidden(torch.tensor([r.ids]))[0, r.start:-1] for r in recordings])
+            saved["drafts"][f"self:{precision}"] = (_greedy_rows(draft_model.head, own), own, f"self:{precision}")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save(saved, tmp)
+        tmp.replace(path)
+    for name in saved["drafts"]:
+        if name.startswith("self:") and name not in heads:  # a cached self-draft: its head only
+            heads[name] = make_drafter(name, minispec.load_model(ckpt, dtype=torch.float32)).model.head
+    drafts = {name: DraftRows(tokens, hidden, None if head is None else heads[head])
+              for name, (tokens, hidden, head) in saved["drafts"].items()}
+    return saved["hidden"], saved["row_prompt"], drafts
 
 
 @torch.inference_mode()
@@ -441,6 +476,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--self-drafts", type=benchlib.name_list("--self-drafts", ("int8", "bf16")), default="int8",
                    help="self-draft precisions")
     p.add_argument("--no-ngram", dest="ngram", action="store_false", help="leave out the n-gram drafter")
+    p.add_argument("--stride", type=ranged(int, "--stride", lo=1), default=1,
+                   help="judge every stride-th pooled position (the sweep's cost falls in proportion)")
     return p
 
 

@@ -97,3 +97,10 @@ def test_a_short_quality_run_writes_its_records_and_comparisons(real_ckpt, tmp_p
     base = [r for r in result["rows"] if r["policy"] == "base" and r["group"] == "all text"][0]
     assert base["agree_prefix"] == pytest.approx(1.0)  # exact match at T = 0 is the greedy text
     assert "tau gain" in (out / "dropmatch_quality.md").read_text()
+    # --resume keeps what was run (the records stay byte for byte) and runs only the new p
+    again = dropmatch_quality.main(["--ckpt", str(real_ckpt), "--out", str(out), "--sets", "gsm8k:1,qa:1",
+                                    "--no-addition", "--max-new-tokens", "6", "--gammas", "2",
+                                    "--temperatures", "0", "--ps", "0.3,0.1", "--threads", "1", "--resume"])
+    resumed = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert again == 0 and len(resumed) == 6 and resumed[:4] == records
+    assert {r["policy"] for r in resumed[4:]} == {"p=0.1"}
