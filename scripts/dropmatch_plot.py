@@ -56,13 +56,15 @@ def plot_pareto(results: list[dict], path: Path) -> Path:
             for r in result["rows"]:
                 if r["group"] != group or r["policy"] == "base" or r.get(key) is None or r.get("tau_gain") is None:
                     continue
-                cost = r[key] if key == "nll_change" else -r[key]  # lower is better on both axes as drawn
+                scale = 100 if key == "correct_change" else 1  # the score in points
+                y = scale * r[key]
+                cost = y if key == "nll_change" else -y  # lower is better on both axes as drawn
                 style = "o" if r["temperature"] == 0 else "s"
-                ci = r.get(f"{key}_ci") or [r[key], r[key]]
+                ci = [scale * c for c in (r.get(f"{key}_ci") or [r[key], r[key]])]
                 xci = r.get("tau_gain_ci") or [r["tau_gain"], r["tau_gain"]]
-                ax.errorbar(r["tau_gain"], r[key], yerr=[[r[key] - ci[0]], [ci[1] - r[key]]],
+                ax.errorbar(r["tau_gain"], y, yerr=[[y - ci[0]], [ci[1] - y]],
                             xerr=[[r["tau_gain"] - xci[0]], [xci[1] - r["tau_gain"]]], fmt=style, capsize=2)
-                ax.annotate(f"{r['policy']} g{r['gamma']} T{r['temperature']:g}", (r["tau_gain"], r[key]), fontsize=6)
+                ax.annotate(f"{r['policy']} g{r['gamma']} T{r['temperature']:g}", (r["tau_gain"], y), fontsize=6)
                 points.append((r["tau_gain"], cost))
         front = pareto_front(points)
         if front:
