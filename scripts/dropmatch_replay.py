@@ -1,32 +1,35 @@
 """DropMatch replayed along fixed text: what it would decide at every position, from one forward.
 
-    python scripts/dropmatch_replay.py [--sets rag,summarization,gsm8k] [--prompts 4] [--ps 0.01,0.05,0.3]
+    python scripts/dropmatch_replay.py [--sets rag:10,gsm8k:50] [--ps 0.3,0.01] [--paths 3,5,10] [--stride 2]
 
 A sweep over DropMatch's settings through the real loop costs a generation per setting and
 prompt. Most of what a sweep asks needs far less. Fix the text: the prompt and the target's own
 greedy continuation. Then ONE target forward over it gives, at every position t,
 
-    hidden[t]         the LM-head input (after the final norm): what DropMatch drops out
-    target_logits[t]  the clean head, head(hidden[t]): the base policy's view
-    exit_logits[N][t] an early-exit draft's logits: block N's output through the final norm and
-                      the head (captured by a hook in the same forward)
+    hidden[t]          the LM-head input (after the final norm): what DropMatch drops out;
+                       head(hidden[t]) is the clean head, the base policy's view
+    exit_hidden[N][t]  block N's output through the final norm: an early-exit draft's LM-head
+                       input (captured by a hook in the same forward)
 
-and every DropMatch setting (p, K, criterion, majority, temperature) replays on these rows: the
-draft token at t is the drafter's proposal given the same context (an early exit's argmax, or
-an n-gram lookup), and the verdict at t is computed by the policy's own code
-(DropMatch.path_logits, base_acceptances, verdicts) on the rows of many positions at once.
-Reported per (drafter, p, K):
+(a self-draft's rows come from one forward of the draft model over the same text), and every
+DropMatch setting replays on these rows: the draft token at t is the drafter's proposal given
+the same context (an early exit's argmax, an n-gram lookup; at T = 1 a draw from the draft's
+softmax). `replay` computes the verdicts with the policy's own methods (path_logits,
+base_acceptances, verdicts); `sweep` computes the same verdicts for every K, criterion,
+drafter and temperature from ONE set of dropout paths per p (tests hold the two equal).
+Reported per (drafter, T, p, K), pooled over prompts, with 95% bootstrap intervals over prompts:
 
-    accept           share of drafted positions the policy accepts (its base OR DropMatch)
-    base             share the base (exact at T = 0) accepts
-    gain             accept - base, the positions DropMatch adds
+    base             share of drafted positions the base accepts (exact at T = 0, sampling at T = 1)
+    accept           share the policy accepts (its base OR DropMatch), per criterion; gain = accept - base
     largest vote     the paper's Table 2: share of positions by the largest number of the K heads
                      that agree on one token (K of K = all heads agree)
     all = clean      share of positions where every head's argmax is the clean argmax
+    JS sides         the paper's Table 3: JS(q, pbar) and the radius, where the heads disperse
+                     and where they agree
 
 What it does not give: tau and quality. A position DropMatch accepts against the target's argmax
-moves a real run off this text, so tau, agreement and NLL come from real runs of the loop
-(scripts/bench_policies.py); the replay is for finding where to look.
+moves a real run off this text, so tau, agreement, NLL and task scores come from real runs of the
+loop (scripts/dropmatch_quality.py); the replay is for finding where to look.
 """
 
 from __future__ import annotations
