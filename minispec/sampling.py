@@ -72,8 +72,13 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token id from a [V] distribution with an explicit generator (same seed, same draw)."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """Draw one token id from a [V] distribution with an explicit generator (same seed, same draw).
+
+    The draw happens on the generator's device (the loop's is a CPU generator): probabilities on
+    another device are copied there first, so a seed draws the same token on every device for
+    the same probabilities.
+    """
+    return int(torch.multinomial(probs.to(generator.device), 1, generator=generator))
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

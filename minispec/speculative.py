@@ -174,13 +174,13 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
             target_logits = target_logits.float() if target_logits.dtype in _LOW_PRECISION else target_logits
             p_target = logits_to_probs(target_logits, params)  # [g+1, V]
             inp = VerifyInput(
-                draft_tokens=torch.tensor(draft.tokens, dtype=torch.long),
-                q_draft=draft.q_draft.to(p_target.dtype),
+                draft_tokens=torch.tensor(draft.tokens, dtype=torch.long, device=p_target.device),
+                q_draft=draft.q_draft.to(p_target.device, p_target.dtype),  # an n-gram's one-hot rows live on the CPU
                 target_logits=target_logits,
                 p_target=p_target,
                 params=params,
                 generator=generator,
-                draft_logits=None if draft.logits is None else draft.logits.to(target_logits.dtype),
+                draft_logits=None if draft.logits is None else draft.logits.to(target_logits.device, target_logits.dtype),
                 hidden=hidden,
                 head=target.head,
                 extra_logits=extra_logits,
