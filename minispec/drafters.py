@@ -190,6 +190,9 @@ def self_draft(target: Transformer, precision: str) -> Transformer:
     if precision in ("bf16", "bfloat16"):
         return copy.deepcopy(target).to(torch.bfloat16)
     if precision == "int8":
+        if target.device.type != "cpu":  # the int8 kernel (torch._weight_int8pack_mm) is CPU-only
+            raise MinispecError(f"--draft self:int8: the target is on {target.device}; the int8 self-draft runs "
+                                f"on the CPU only; expected --draft self:bf16 (or --device cpu)")
         return kernels.apply(copy.deepcopy(target).to(torch.bfloat16), "int8")
     raise MinispecError(f"--draft self:{precision}: unknown precision; expected self:bf16 or self:int8")
 

@@ -86,3 +86,18 @@ def test_a_draft_model_of_another_vocabulary_is_refused():
     with pytest.raises(MinispecError) as err:
         make_drafter(random_model(tiny_config(vocab_size=40), 0), random_model(tiny_config(), 0))
     assert "vocabulary of 40 tokens != the target's 32" in one_line(err)
+
+
+def test_the_int8_self_draft_off_the_cpu_is_a_one_line_error_naming_the_flag():
+    """The int8 kernel is CPU-only: a target elsewhere (here the meta device, which any machine
+    has) gets an error that names --draft self:int8 and the way out, before anything is copied."""
+    from minispec.config import ModelConfig
+    from minispec.model import Transformer
+
+    cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
+                      num_heads=1, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+                      rope_scaling=None, max_position_embeddings=64, tie_word_embeddings=False, qk_norm=False)
+    with torch.device("meta"):
+        target = Transformer(cfg)
+    with pytest.raises(MinispecError, match=r"^--draft self:int8: the target is on meta; .* expected --draft self:bf16"):
+        make_drafter("self:int8", target)
