@@ -260,6 +260,8 @@ def format_stats(s: dict) -> str:
     lines = [
         f"drafter {s['drafter']}, policy {s['policy']}, gamma {s['gamma']}",
         f"tau {s['tau']:.2f} tokens/step (incl. the correction/bonus token), acceptance rate {s['acceptance_rate']:.2f}",
+        f"mean accepted length over the {s['drafted_steps']} steps with drafts (vLLM's, llama.cpp's): "
+        + ("-" if s["tau_drafted"] is None else f"{s['tau_drafted']:.2f}"),
         f"per-position acceptance {per_pos}; accepted-length histogram {s['accepted_length_histogram']}",
         f"target forwards {s['target_forwards']}, draft forwards {s['draft_forwards']}",
         f"time: draft {s['draft_seconds']:.2f}s, verify {s['verify_seconds']:.2f}s, policy {s['policy_seconds']:.2f}s, "

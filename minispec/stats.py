@@ -7,6 +7,10 @@ bonus token). Over a generation:
     tau                       = (sum n + steps) / steps     tokens per verify step, INCLUDING the
                                                             correction/bonus token: 1 <= tau <= gamma+1
                                                             (the convention of the DropMatch paper and vLLM)
+    tau_drafted               = (sum n + drafted steps) / drafted steps, over the steps with g > 0
+                                                            only: the mean accepted length as vLLM and
+                                                            llama.cpp report it (a step where an n-gram
+                                                            drafter found nothing is a plain decode step)
     acceptance_rate           = sum n / sum g
     per_position_acceptance[i] = P(draft i accepted | draft i was proposed)
     accepted_length_histogram[n] = number of steps that accepted exactly n drafts
@@ -28,6 +32,7 @@ class StepStats:
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
         self.num_steps = 0
+        self.drafted_steps = 0  # steps with at least one draft token
         self.num_drafted = 0
         self.num_accepted = 0
         self.proposed_at = [0] * gamma  # how often position i (0-based) was drafted
@@ -37,6 +42,7 @@ class StepStats:
 
     def record(self, num_drafted: int, num_accepted: int, info: dict) -> None:
         self.num_steps += 1
+        self.drafted_steps += num_drafted > 0
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
         self.histogram[num_accepted] += 1
@@ -52,6 +58,9 @@ class StepStats:
             "verify_steps": self.num_steps,
             # emitted per step = accepted drafts + 1 correction/bonus token
             "tau": (self.num_accepted + self.num_steps) / self.num_steps if self.num_steps else 1.0,
+            "drafted_steps": self.drafted_steps,
+            # the same over the steps that drafted something (vLLM's and llama.cpp's mean accepted length)
+            "tau_drafted": (self.num_accepted + self.drafted_steps) / self.drafted_steps if self.drafted_steps else None,
             "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,

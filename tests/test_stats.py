@@ -26,3 +26,25 @@ def test_numeric_policy_info_is_summed_over_steps_and_the_rest_ignored():
     stats.record(2, 2, {"accepted_by_dropmatch_only": 2, "positions": 3})
     stats.record(2, 0, {})
     assert stats.summary()["policy_info"] == {"accepted_by_dropmatch_only": 3, "positions": 6}
+
+
+def test_tau_drafted_leaves_out_the_steps_where_nothing_was_drafted():
+    """vLLM's and llama.cpp's mean accepted length: over the steps with a draft. An n-gram miss is a
+    step that emits 1 token: it lowers tau, not tau_drafted."""
+    stats = StepStats(gamma=4)
+    stats.record(num_drafted=4, num_accepted=2, info={})  # 3 tokens
+    stats.record(num_drafted=0, num_accepted=0, info={})  # an n-gram miss: 1 token
+    stats.record(num_drafted=0, num_accepted=0, info={})  # another
+    stats.record(num_drafted=2, num_accepted=2, info={})  # 3 tokens
+    s = stats.summary()
+    assert s["tau"] == (3 + 1 + 1 + 3) / 4 and s["drafted_steps"] == 2
+    assert s["tau_drafted"] == (3 + 3) / 2
+    assert StepStats(gamma=2).summary()["tau_drafted"] is None  # no drafted step: undefined, not 1
+
+
+def test_tau_drafted_equals_tau_when_every_step_drafts():
+    stats = StepStats(gamma=3)
+    for drafted, accepted in [(3, 1), (3, 3), (2, 0)]:
+        stats.record(drafted, accepted, {})
+    s = stats.summary()
+    assert s["tau_drafted"] == s["tau"] == (2 + 4 + 1) / 3
