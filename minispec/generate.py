@@ -87,7 +87,7 @@ def build_parser() -> Parser:
     s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5, help="draft length per verify step")
     s.add_argument("--dropout-p", type=dropout_p, default=0.3,
                    help="DropMatch: dropout probability on the LM-head input, in [0, 1), or 'auto': the p whose "
-                        "estimated all-K head agreement with the clean argmax is --agreement, on the target's first "
+                        "measured all-K head agreement with the clean argmax is --agreement, on the target's first "
                         "32 greedy tokens of this prompt (minispec.acceptance.dropmatch_calibrate)")
     s.add_argument("--agreement", type=ranged(float, "--agreement", lo=0, hi=1, lo_open=True), default=DEFAULT_LEVEL,
                    help="with --dropout-p auto: the share of positions where all K heads keep the clean argmax")
@@ -146,7 +146,7 @@ def run(args: GenerateArgs) -> dict:
     drafter = make_drafter(args.draft, model)  # before the kernels: a self-draft copies the loaded weights
     prompt_ids = _prompt_ids(args, tokenizer)
     p = args.dropout_p
-    if p == "auto" and args.policy in ("dropmatch", "dropmatch-lazy"):  # before the kernels: it reads lm_head.weight
+    if p == "auto" and args.policy in ("dropmatch", "dropmatch-lazy"):  # calibrated on this prompt
         from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
 
         p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, eos_token_ids=tokenizer.eos_token_ids)

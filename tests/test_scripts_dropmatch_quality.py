@@ -67,7 +67,8 @@ def test_p_values_are_numbers_in_range_or_auto():
 
 
 def test_the_pareto_front_keeps_only_undominated_points():
-    plot = pytest.importorskip("dropmatch_plot", exc_type=ImportError)
+    plot = pytest.importorskip("dropmatch_plot", exc_type=ImportError,
+                               reason="dropmatch_plot needs matplotlib (the [bench] extra)")
     points = [(0.1, 0.0), (0.2, 0.05), (0.15, 0.1), (0.3, 0.2), (0.05, 0.01)]
     assert plot.pareto_front(points) == [(0.1, 0.0), (0.2, 0.05), (0.3, 0.2)]
 

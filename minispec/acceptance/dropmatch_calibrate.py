@@ -2,8 +2,10 @@
 
 DropMatch's behaviour is set by how often its K dropout heads still pick the clean head's token.
 If they always do, it adds nothing over exact match; if they rarely do, its JS radius grows wide
-and its vote is noise. How often depends on p AND on the model: on the width d of the LM-head
-input and on the gaps between the top logits. So p is chosen per model, for a level of
+and its vote is noise. How often depends on p AND on the model: on how the gaps between its top
+logits compare with what dropping coordinates of the LM-head input moves them by (outlier
+coordinates, near-ties; not the width d as such: docs/dropmatch.md). So p is chosen per model,
+for a level of
 
     agreement(p) = mean over positions t of  P(all K heads keep a_t)      a_t = argmax_v l_v(h_t)
 
@@ -19,10 +21,8 @@ estimate   from W and h alone, no sampling (EstimatedAgreement gives the formula
                keep_t = (1-p)^S_t,     agreement = mean_t keep_t ** K,     S_t = spikes at t
            (given h_t the K masks are independent, so the K heads keep a_t independently). The
            "gaussian" variant is the other limit, many dropped coordinates: the logit noise is
-           Gaussian with variance p/(1-p) * sum_j (W_vj h_j)^2, which reads: a wider LM-head
-           input (larger d, with gaps of the same size) shrinks the noise relative to the gaps,
-           and a model with many near-ties among its top logits needs a smaller p for the same
-           agreement.
+           Gaussian with variance p/(1-p) * sum_j (W_vj h_j)^2: a model with many near-ties
+           among its top logits needs a smaller p for the same agreement.
 
 calibrate_p(agreement, level) bisects p in [0, p_max] for agreement(p) = level (agreement falls
 with p; the measured one only on average, so the bisection finds a crossing: bracket_p).
