@@ -40,6 +40,10 @@ from minispec.stats import PhaseTimer, StepStats, timing_stats
 # a bonus if all num_proposed drafts were accepted). Plain decoding reports (token, 0, 0).
 TokenCallback = Callable[[list[int], int, int], None]
 
+# Called with all tokens generated so far, after each new token: True ends the generation there
+# (finish_reason "stop"), e.g. when the decoded text contains a stop string.
+StopCondition = Callable[[list[int]], bool]
+
 
 @dataclass
 class StepRecord:
@@ -58,6 +62,11 @@ class GenerationResult:
     tokens: list[int]  # generated ids (an eos token, if one ended the run, is included)
     stats: dict = field(default_factory=dict)
 
+    @property
+    def finish_reason(self) -> str:
+        """Why it ended: "eos" (an end token), "length" (max_new_tokens) or "stop" (stop_when said so)."""
+        return self.stats["finish_reason"]
+
 
 @torch.inference_mode()
 def generate(
@@ -75,6 +84,7 @@ def generate(
     eos_token_ids: Sequence[int] | None = None,
     on_tokens: TokenCallback | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
+    stop_when: StopCondition | None = None,
 ) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` (a list of ints, batch size 1).
 
@@ -84,6 +94,8 @@ def generate(
       (`minispec.acceptance.get("dropmatch", p=0.3, paths=5)`).
     eos_token_ids: None = the checkpoint's own (config.json), [] = never stop early.
     on_tokens: streaming callback (TokenCallback); on_step: called with each verify step's StepRecord.
+    stop_when: StopCondition, checked after every new token (also inside an accepted run).
+    stats["finish_reason"]: "eos", "length" or "stop".
     Randomness comes only from torch.Generators seeded with `seed`: same seed, same tokens.
     """
     params = SamplingParams(temperature, top_k, top_p)
@@ -92,12 +104,12 @@ def generate(
     drafter = make_drafter(draft, target)
     if drafter is None:
         prompt = _check_prompt(target, prompt_ids, max_new_tokens, extra=0)
-        return plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_tokens)
+        return plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_tokens, stop_when)
     if not isinstance(gamma, int) or gamma < 1:
         raise MinispecError(f"gamma = {gamma!r}; expected an integer >= 1")
     prompt = _check_prompt(target, prompt_ids, max_new_tokens, extra=gamma + 1)
     return speculative_decode(target, drafter, acceptance.get(policy), gamma, prompt, max_new_tokens,
-                              params, generator, eos, on_tokens, on_step)
+                              params, generator, eos, on_tokens, on_step, stop_when)
 
 
 def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
@@ -109,7 +121,8 @@ def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
     return target.head(hidden[0, -1])
 
 
-def plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_tokens) -> GenerationResult:
+def plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_tokens,
+                 stop_when=None) -> GenerationResult:
     """Plain autoregressive decoding: one target forward per token."""
     cache = target.new_cache(1, len(prompt) + max_new_tokens)
     t0 = time.perf_counter()
@@ -121,16 +134,28 @@ def plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_toke
         tokens.append(token)
         if on_tokens is not None:
             on_tokens([token], 0, 0)
-        if token in eos or len(tokens) == max_new_tokens:
+        reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
+        if reason is not None:
             break
         logits = target(torch.tensor([[token]], device=target.device), cache)[0, -1]  # [V]
     stats = timing_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0)
-    stats.update(tau=1.0, target_forwards=len(tokens), draft_forwards=0)  # prefill + one per later token
+    stats.update(tau=1.0, target_forwards=len(tokens), draft_forwards=0,  # prefill + one per later token
+                 finish_reason=reason)
     return GenerationResult(tokens=tokens, stats=stats)
 
 
+def finish_reason(tokens: list[int], eos: set[int], max_new_tokens: int,
+                  stop_when: StopCondition | None) -> str | None:
+    """Whether the generation ends after its last token, and why: "eos", "stop", "length" or None."""
+    if tokens[-1] in eos:
+        return "eos"
+    if stop_when is not None and stop_when(tokens):
+        return "stop"
+    return "length" if len(tokens) >= max_new_tokens else None
+
+
 def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,
-                       on_tokens=None, on_step=None) -> GenerationResult:
+                       on_tokens=None, on_step=None, stop_when=None) -> GenerationResult:
     """The draft-then-verify loop. Invariant at the top of every step:
 
         seq    = prompt + tokens                    everything committed so far
@@ -150,8 +175,9 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
     tokens = [next_token(logits, params, generator)]
     if on_tokens is not None:
         on_tokens(tokens[:], 0, 0)
+    reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
 
-    while tokens[-1] not in eos and len(tokens) < max_new_tokens:
+    while reason is None:
         seq = prompt + tokens
         # Never draft past max_new_tokens: a step emits at most g drafts + 1 token.
         g = min(gamma, max_new_tokens - len(tokens) - 1)
@@ -195,9 +221,10 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         cache.truncate(len(seq) + n)
         drafter.rollback(len(seq) + n)
 
-        # Stop at the first eos or at max_new_tokens, even in the middle of an accepted run.
-        for i, token in enumerate(emitted):
-            if token in eos or len(tokens) + i + 1 == max_new_tokens:
+        # Stop at the first eos, stop condition or max_new_tokens, even in the middle of an accepted run.
+        for i in range(len(emitted)):
+            reason = finish_reason(tokens + emitted[: i + 1], eos, max_new_tokens, stop_when)
+            if reason is not None:
                 emitted = emitted[: i + 1]
                 break
         tokens.extend(emitted)
@@ -218,6 +245,7 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         draft_shares_target_cache=drafter.shares_target_cache,
         policy=policy.name,
         gamma=gamma,
+        finish_reason=reason,
     )
     return GenerationResult(tokens=tokens, stats=stats)
 

@@ -12,8 +12,15 @@ bonus token). Over a generation:
                                                             llama.cpp report it (a step where an n-gram
                                                             drafter found nothing is a plain decode step)
     acceptance_rate           = sum n / sum g
-    per_position_acceptance[i] = P(draft i accepted | draft i was proposed)
-    accepted_length_histogram[n] = number of steps that accepted exactly n drafts
+    per_position_acceptance[i] = P(draft i accepted | draft i was proposed): over the steps that
+                                 drafted position i (a step that drafted 2 of gamma 5 counts for i = 0, 1)
+    accepted_length_histogram[n] = number of steps WITH drafts that accepted exactly n of them
+    no_draft_steps            = steps with g = 0 (not in the histogram: nothing was rejected there)
+    finish_reason             = "eos" | "length" | "stop" (set by the loop)
+
+vLLM's "mean acceptance length" and llama.cpp's "accepted / drafted" per step are tau_drafted and
+acceptance_rate; their per-position rates are per_position_acceptance. minispec's own tau also
+counts the steps without drafts, so that tau x (time per step) is the real decoding time.
 
 A policy may report its own counts in Decision.info (DropMatch: how many tokens only it
 accepted); every numeric entry is summed over the steps into `policy_info`.
@@ -37,7 +44,7 @@ class StepStats:
         self.num_accepted = 0
         self.proposed_at = [0] * gamma  # how often position i (0-based) was drafted
         self.accepted_at = [0] * gamma  # ... and accepted
-        self.histogram = [0] * (gamma + 1)  # steps by number of accepted drafts
+        self.histogram = [0] * (gamma + 1)  # steps with drafts, by number of accepted drafts
         self.policy_info: dict[str, Number] = {}  # totals of the policies' numeric Decision.info
 
     def record(self, num_drafted: int, num_accepted: int, info: dict) -> None:
@@ -45,7 +52,8 @@ class StepStats:
         self.drafted_steps += num_drafted > 0
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
-        self.histogram[num_accepted] += 1
+        if num_drafted > 0:
+            self.histogram[num_accepted] += 1
         for i in range(num_drafted):
             self.proposed_at[i] += 1
             self.accepted_at[i] += i < num_accepted
@@ -66,6 +74,7 @@ class StepStats:
             "num_accepted": self.num_accepted,
             "per_position_acceptance": [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)],
             "accepted_length_histogram": self.histogram,
+            "no_draft_steps": self.num_steps - self.drafted_steps,
             "policy_info": dict(self.policy_info),
         }
 

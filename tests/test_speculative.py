@@ -49,7 +49,9 @@ def test_speculative_exact_equals_plain_greedy(setup, gamma, kind, n_new):
     assert spec.tokens == plain.tokens
     s = spec.stats
     assert 1 <= s["tau"] <= gamma + 1
-    assert sum(s["accepted_length_histogram"]) == s["verify_steps"]
+    assert sum(s["accepted_length_histogram"]) + s["no_draft_steps"] == s["verify_steps"]
+    assert s["no_draft_steps"] == s["verify_steps"] - s["drafted_steps"]
+    assert s["finish_reason"] == plain.finish_reason == "length"
     if kind == "same":  # the target drafting for itself is always right
         assert s["acceptance_rate"] == 1.0 or s["num_drafted"] == 0
 
@@ -93,6 +95,24 @@ def test_eos_stops_inside_an_accepted_run():
     stop = plain.tokens.index(eos) + 1
     spec = generate(target, [5, 6, 7], max_new_tokens=12, draft=target, gamma=5, eos_token_ids=[eos])
     assert spec.tokens == plain.tokens[:stop]
+    assert spec.finish_reason == "eos"
+
+
+@settings(max_examples=15)
+@given(setup=setups(), gamma=st.integers(1, 5), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(2, 16),
+       cut=st.integers(0, 15))
+def test_stop_when_ends_at_the_first_token_that_satisfies_it(setup, gamma, kind, n_new, cut):
+    """A stop condition ends the run at the first token where it holds, even inside an accepted run,
+    plain and speculative alike; finish_reason says "stop"."""
+    cfg, seed, prompt = setup
+    target = random_model(cfg, seed, scale=3.0)
+    plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
+    cut = min(cut, n_new - 2)  # stop strictly before max_new_tokens, so "stop" and "length" differ
+    stop_when = lambda tokens: len(tokens) > cut and tokens[: cut + 1] == plain.tokens[: cut + 1]  # noqa: E731
+    for draft in (None, build_draft(kind, target, seed)):
+        out = generate(target, prompt, max_new_tokens=n_new, draft=draft, gamma=gamma, eos_token_ids=[],
+                       stop_when=stop_when)
+        assert out.tokens == plain.tokens[: cut + 1] and out.finish_reason == "stop"
 
 
 def one_line(err):

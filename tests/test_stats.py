@@ -15,6 +15,20 @@ def test_tau_counts_the_correction_or_bonus_token_of_every_step():
     assert s["accepted_length_histogram"] == [1, 1, 0, 1]
 
 
+def test_histogram_and_per_position_rates_count_only_steps_that_drafted():
+    """A step with no draft (an n-gram miss) is not a rejection: it is counted apart, not in bucket 0;
+    position i's rate is over the steps that drafted position i."""
+    stats = StepStats(gamma=3)
+    stats.record(num_drafted=0, num_accepted=0, info={})  # nothing drafted
+    stats.record(num_drafted=3, num_accepted=0, info={})  # first draft rejected
+    stats.record(num_drafted=1, num_accepted=1, info={})  # one drafted, accepted
+    stats.record(num_drafted=0, num_accepted=0, info={})
+    s = stats.summary()
+    assert s["accepted_length_histogram"] == [1, 1, 0, 0] and s["no_draft_steps"] == 2
+    assert s["per_position_acceptance"] == [1 / 2, 0 / 1, 0 / 1]
+    assert s["verify_steps"] == 4 and s["drafted_steps"] == 2
+
+
 def test_no_step_is_tau_one_and_no_draft_is_acceptance_zero():
     s = StepStats(gamma=2).summary()
     assert s["tau"] == 1.0 and s["acceptance_rate"] == 0.0 and s["per_position_acceptance"] == [None, None]
