@@ -6,7 +6,7 @@ Reading order (each file one concept; its docstring gives the math):
  2. acceptance/base.py     what a policy sees and returns; then exact.py, sampling.py, typical.py,
                            dropmatch.py (Algorithm 1 as written) and dropmatch_lazy.py (its exact shortcuts)
  3. drafters.py            the drafter interface and its kinds: draft model, self-draft, early exit, n-gram
- 4. model.py               the Llama / Qwen3 transformer; kv_cache.py, the cache that rolls back
+ 4. model.py               the Llama / Qwen2 / Qwen3 transformer; kv_cache.py, the cache that rolls back
  5. config.py, checkpoint.py, tokenizer.py, sampling.py    a Hugging Face folder in, logits to p and q
  6. generate.py            the CLI (cli.py: what every command line shares); trace.py, the --trace printer
  7. testing/               the invariants as a library: check_policy, check_cache, watch_caches

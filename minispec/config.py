@@ -1,4 +1,4 @@
-"""ModelConfig: the architecture of a Llama or Qwen3 checkpoint, read from its config.json.
+"""ModelConfig: the architecture of a Llama, Qwen2 or Qwen3 checkpoint, read from its config.json.
 
 The config is a frozen dataclass built only from the checkpoint's own config.json, never from
 the folder's name. Two spellings of the RoPE settings exist in the wild and both are read:
@@ -7,8 +7,10 @@ the folder's name. Two spellings of the RoPE settings exist in the wild and both
 * as transformers >= 5 writes it:          "rope_parameters": {"rope_type": ..., "rope_theta": ...}
 
 Supported: model_type "llama" (grouped-query attention, optional "llama3" RoPE scaling as in
-Llama-3.1/3.2, tied or untied LM head) and "qwen3" (explicit head_dim, RMSNorm on q and k
-before RoPE, tied or untied LM head). Anything else is a ConfigError naming the field.
+Llama-3.1/3.2, tied or untied LM head), "qwen2" (Qwen2 and Qwen2.5: Llama's layout with biases
+on the q, k and v projections but none on o; the model type implies them, its config.json has
+no field for them; sliding-window attention refused) and "qwen3" (explicit head_dim, RMSNorm
+on q and k before RoPE, tied or untied LM head). Anything else is a ConfigError naming the field.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from minispec.errors import ConfigError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -40,21 +42,22 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model_type: str  # "llama" | "qwen3"
+    model_type: str  # "llama" | "qwen2" | "qwen3"
     vocab_size: int
     hidden_size: int  # d_model
     intermediate_size: int  # SwiGLU inner width
     num_layers: int
     num_heads: int  # query heads
     num_kv_heads: int  # key/value heads; num_heads % num_kv_heads == 0 (GQA)
-    head_dim: int  # Qwen3 sets it explicitly; Llama derives hidden_size // num_heads
+    head_dim: int  # Qwen3 sets it explicitly; Llama and Qwen2 derive hidden_size // num_heads
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: RopeScaling | None
     max_position_embeddings: int
     tie_word_embeddings: bool  # LM head shares the embedding matrix
     qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k, before RoPE
-    attention_bias: bool = False
+    attention_bias: bool = False  # Llama / Qwen3 "attention_bias": biases on q, k, v and o
+    qkv_bias: bool = False  # Qwen2: biases on q, k and v only, o has none (implied by the model type)
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -152,7 +155,9 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         max_position_embeddings=need("max_position_embeddings"),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),  # HF default: untied
         qk_norm=model_type == "qwen3",
-        attention_bias=bool(raw.get("attention_bias", False)),
+        # transformers' Qwen2 hard-codes its biases and never reads "attention_bias": neither do we
+        attention_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
+        qkv_bias=model_type == "qwen2",
         mlp_bias=bool(raw.get("mlp_bias", False)),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=eos_ids,

@@ -1,4 +1,4 @@
-"""A Llama / Qwen3 decoder-only transformer, written to be read.
+"""A Llama / Qwen2 / Qwen3 decoder-only transformer, written to be read.
 
     input_ids [B, T]
       -> embed_tokens                              x: [B, T, d]
@@ -10,7 +10,8 @@
 
 With a KVCache the T tokens are placed at absolute positions [cache.length, cache.length+T):
 that is what lets a speculative verify pass score gamma+1 tokens at any offset in one call.
-Qwen3 differs from Llama only in an RMSNorm over head_dim on q and k, applied before RoPE.
+Qwen2 differs from Llama only in biases on the q, k and v projections (o has none); Qwen3 only
+in an RMSNorm over head_dim on q and k, applied before RoPE.
 """
 
 from __future__ import annotations
@@ -98,11 +99,12 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        d, bias = cfg.hidden_size, cfg.attention_bias
-        self.q_proj = nn.Linear(d, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(d, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(d, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, d, bias=bias)
+        d = cfg.hidden_size
+        qkv_bias = cfg.attention_bias or cfg.qkv_bias  # Qwen2: q, k, v biased, o not
+        self.q_proj = nn.Linear(d, cfg.num_heads * cfg.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, cfg.num_kv_heads * cfg.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, cfg.num_kv_heads * cfg.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, d, bias=cfg.attention_bias)
         # Qwen3: per-head RMSNorm over head_dim on q and k, before RoPE
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -180,7 +182,7 @@ def causal_mask(start: int, num_new: int, device: torch.device) -> torch.Tensor 
 
 
 class Transformer(nn.Module):
-    """Llama / Qwen3 causal LM. Parameter names match Hugging Face checkpoints exactly."""
+    """Llama / Qwen2 / Qwen3 causal LM. Parameter names match Hugging Face checkpoints exactly."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""config.json parsing (minispec/config.py): both RoPE spellings, Qwen3, and errors that name the field."""
+"""config.json parsing (minispec/config.py): both RoPE spellings, Qwen2, Qwen3, and errors that name the field."""
 
 import pytest
 
@@ -28,6 +28,24 @@ def test_qwen3_needs_head_dim_and_has_qk_norm():
         ModelConfig.from_hf({**BASE, "model_type": "qwen3"})
 
 
+def test_qwen2_as_transformers_writes_it_has_qkv_biases_and_a_derived_head_dim(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers writes the reference config.json")
+    transformers.Qwen2Config(
+        vocab_size=32, hidden_size=32, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+    ).save_pretrained(tmp_path)
+    cfg = ModelConfig.from_hf(tmp_path)
+    assert cfg.model_type == "qwen2" and cfg.head_dim == 8 and cfg.rope_theta == 1e6 and cfg.tie_word_embeddings
+    assert cfg.qkv_bias and not cfg.attention_bias and not cfg.qk_norm  # q, k, v biased; o not; no QK-norm
+
+
+def test_qwen2_ignores_attention_bias_as_transformers_does():
+    # transformers' Qwen2 hard-codes its biases: a stray "attention_bias" must not add one to o_proj
+    cfg = ModelConfig.from_hf({**BASE, "model_type": "qwen2", "attention_bias": True})
+    assert cfg.qkv_bias and not cfg.attention_bias
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -38,6 +56,8 @@ def test_qwen3_needs_head_dim_and_has_qk_norm():
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
          "missing field 'rope_parameters.low_freq_factor'"),
         ({"hidden_act": "gelu"}, "field 'hidden_act' = 'gelu'"),
+        ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16},
+         "field 'use_sliding_window' = true; sliding-window attention is not supported"),
         ({"vocab_size": "32"}, "field 'vocab_size' = '32'; expected an integer"),
     ],
 )

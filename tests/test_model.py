@@ -1,4 +1,4 @@
-"""Properties of the model and its KV cache on random tiny Llama / Qwen3 models, in float64.
+"""Properties of the model and its KV cache on random tiny Llama / Qwen2 / Qwen3 models, in float64.
 
 float64 because these are exactness properties: a chunked pass and a full pass run different
 matmul shapes, whose float32 round-off differs at ~1e-6; in float64 the same mistake would
@@ -88,6 +88,12 @@ def test_runs_in_each_dtype(dtype):
     logits = model(torch.tensor([[1, 2, 3]]), cache)
     assert logits.dtype == dtype and cache.k[0].dtype == dtype
     assert torch.isfinite(logits).all()
+
+
+def test_qwen2_has_biases_on_q_k_v_only():
+    attn = random_model(tiny_config(model_type="qwen2", qkv_bias=True), 0).layers[0].self_attn
+    assert all(proj.bias is not None for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+    assert attn.o_proj.bias is None and attn.q_norm is None
 
 
 def test_writing_past_max_seq_len_is_an_error_not_corruption():

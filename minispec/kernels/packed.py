@@ -12,8 +12,9 @@ closer to the float32 model than the reference bfloat16 path, see 3). Each chang
    faster for a few rows. The reorder is paid once, here.
 2. Fused projections (`FastBlock`). q, k and v read the same input, so one
    [d -> (H + 2 H_kv) * hd] matmul replaces three; gate and up become one [d -> 2f]. The fused
-   weight's rows are the rows of the separate ones, so the arithmetic is the same; what goes is
-   the fixed cost of two calls in three, paid per layer per step.
+   weight's rows (and bias, where there is one: Qwen2's q, k, v) are the rows of the separate
+   ones, so the arithmetic is the same; what goes is the fixed cost of two calls in three, paid
+   per layer per step.
 3. Float32 activations. The residual stream, the norms, RoPE, the K/V cache and attention stay
    float32 even for bfloat16 weights; only each matmul's input is rounded to the weights' dtype.
    CPU attention with a few queries is much slower in bfloat16 than in float32, and as a side
@@ -90,9 +91,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _cat_bias(*linears: nn.Linear) -> torch.Tensor | None:
+    """The fused layer's bias: the separate biases end to end, in the weights' row order, or None.
+
+    The layers fused together have biases all or none (model.Attention gives q, k and v one
+    setting; Qwen2's unbiased o_proj is not fused with them, so it does not matter here).
+    """
     if linears[0].bias is None:
         return None
-    return torch.cat([lin.bias.detach() for lin in linears])
+    return torch.cat([lin.bias.detach() for lin in linears])  # [sum of out_features]
 
 
 class FastBlock(nn.Module):

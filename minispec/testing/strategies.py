@@ -1,4 +1,4 @@
-"""Hypothesis strategies for tiny random Llama / Qwen3 models, prompts and seeds.
+"""Hypothesis strategies for tiny random Llama / Qwen2 / Qwen3 models, prompts and seeds.
 
 Configs are drawn shape-first: the number of kv heads and the group size first, then
 num_heads = kv_heads * groups, an even head_dim, and only then the widths that depend on them.
@@ -16,16 +16,19 @@ from minispec.model import Transformer
 
 
 @st.composite
-def model_configs(draw, model_types=("llama", "qwen3"), max_layers: int = 2, vocab_size: int | None = None) -> ModelConfig:
+def model_configs(draw, model_types=("llama", "qwen2", "qwen3"), max_layers: int = 2,
+                  vocab_size: int | None = None) -> ModelConfig:
     """A tiny ModelConfig: GQA ratios 1-3, head_dim 4-16, optional llama3 RoPE scaling,
-    QK-norm for qwen3, tied or untied LM head, optional attention bias."""
+    q/k/v biases for qwen2, QK-norm for qwen3, tied or untied LM head, optional attention bias
+    (qwen3)."""
     model_type = draw(st.sampled_from(model_types))
     num_kv_heads = draw(st.integers(1, 2))
     num_heads = num_kv_heads * draw(st.integers(1, 3))
     head_dim = draw(st.sampled_from([4, 8, 16]))
-    # Llama checkpoints have hidden_size = num_heads * head_dim (transformers insists);
-    # Qwen3 sets head_dim explicitly, so its hidden_size is free.
-    hidden_size = num_heads * head_dim if model_type == "llama" else draw(st.sampled_from([16, 24, 32]))
+    # Llama and Qwen2 checkpoints have hidden_size = num_heads * head_dim (Llama: transformers
+    # insists; Qwen2: its config has no head_dim); Qwen3 sets head_dim explicitly, so its
+    # hidden_size is free.
+    hidden_size = draw(st.sampled_from([16, 24, 32])) if model_type == "qwen3" else num_heads * head_dim
     scaling = None
     if draw(st.booleans()):
         low = draw(st.sampled_from([1.0, 2.0]))
@@ -47,6 +50,7 @@ def model_configs(draw, model_types=("llama", "qwen3"), max_layers: int = 2, voc
         tie_word_embeddings=draw(st.booleans()),
         qk_norm=model_type == "qwen3",
         attention_bias=draw(st.booleans()) if model_type == "qwen3" else False,
+        qkv_bias=model_type == "qwen2",
     )
 
 
