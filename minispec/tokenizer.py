@@ -11,6 +11,9 @@ strings in the text, such as "<|im_start|>", are recognised as their single ids.
 The chat template is rendered the way transformers does it (sandboxed jinja2, trim_blocks and
 lstrip_blocks, `raise_exception`, a `tojson` that does not escape HTML), so the ids equal
 `AutoTokenizer.apply_chat_template(..., tokenize=True)` for the same folder.
+
+`check_same_vocabulary(draft, target, ...)` is the check a separate draft model needs: the two
+models exchange token ids, never text, so every id must be the same token for both.
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ from typing import Any
 from minispec.errors import CheckpointError
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decode of an incomplete UTF-8 sequence ends with
+
+# How many more tokens one of a draft/target pair may have than the other: the amount llama.cpp's
+# speculative decoding allows (SPEC_VOCAB_MAX_SIZE_DIFFERENCE), for tokenizers that append a few
+# extra tokens after a shared vocabulary.
+VOCAB_SIZE_TOLERANCE = 128
 
 
 class Tokenizer:
@@ -132,6 +140,64 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return Tokenizer(backend, chat_template=_template_string(tok_config.get("chat_template"), folder),
                      bos_token=bos_token, eos_token=eos_token, bos_token_id=bos_token_id,
                      eos_token_ids=eos_ids, source=str(folder))
+
+
+def check_same_vocabulary(draft: Tokenizer, target: Tokenizer, draft_name: str, target_name: str) -> None:
+    """Raise CheckpointError unless the draft's tokenizer gives every token id the target's meaning.
+
+    Speculative decoding hands token ids from the draft model to the target and back, never
+    text, so the draft's token i must be the target's token i. As llama.cpp does before it
+    drafts with a second model, compare, and report the first difference in one line:
+      1. the sizes (added tokens included), at most VOCAB_SIZE_TOLERANCE apart;
+      2. the special ids: bos, and eos as a set (the order of a stop list does not matter);
+      3. the token string of every id both have, added tokens included;
+      4. which of those ids are added tokens, and which of them are special (matched whole in
+         text, dropped by decode(skip_special_tokens=True)).
+    draft_name / target_name say where each came from in the message, e.g. "--draft weights/x"
+    and "--ckpt weights/y": "<draft_name>: ... in the draft's tokenizer but ... in the target's
+    (<target_name>); draft and target must share a tokenizer".
+    """
+    def mismatch(what: str, in_draft, in_target) -> CheckpointError:
+        return CheckpointError(f"{draft_name}: {what} {in_draft} in the draft's tokenizer but {in_target} in the "
+                               f"target's ({target_name}); draft and target must share a tokenizer")
+
+    n_draft, n_target = draft.vocab_size, target.vocab_size
+    if abs(n_draft - n_target) > VOCAB_SIZE_TOLERANCE:
+        raise CheckpointError(f"{draft_name}: the draft's tokenizer has {n_draft} tokens and the target's "
+                              f"({target_name}) {n_target}, more than {VOCAB_SIZE_TOLERANCE} apart; "
+                              "draft and target must share a tokenizer")
+    if draft.bos_token_id != target.bos_token_id:
+        raise mismatch("the bos token id is", draft.bos_token_id, target.bos_token_id)
+    if set(draft.eos_token_ids) != set(target.eos_token_ids):
+        raise mismatch("the eos token ids are", draft.eos_token_ids, target.eos_token_ids)
+
+    shared = min(n_draft, n_target)  # ids 0 .. shared-1 exist in both
+    draft_tokens, target_tokens = _tokens_by_id(draft, shared), _tokens_by_id(target, shared)
+    for token_id, (in_draft, in_target) in enumerate(zip(draft_tokens, target_tokens)):
+        if in_draft != in_target:
+            shown = ["missing" if token is None else repr(token) for token in (in_draft, in_target)]
+            raise mismatch(f"token {token_id} is", *shown)
+
+    draft_added, target_added = _added_kinds(draft, shared), _added_kinds(target, shared)
+    for token_id in sorted(draft_added.keys() | target_added.keys()):
+        in_draft, in_target = (added.get(token_id, "an ordinary token") for added in (draft_added, target_added))
+        if in_draft != in_target:
+            raise mismatch(f"token {token_id} ({draft_tokens[token_id]!r}) is", in_draft, in_target)
+
+
+def _tokens_by_id(tokenizer: Tokenizer, size: int) -> list[str | None]:
+    """The token string of each id 0..size-1 (None for an id the vocabulary skips), added tokens included."""
+    tokens: list[str | None] = [None] * size
+    for token, token_id in tokenizer.backend.get_vocab(with_added_tokens=True).items():
+        if token_id < size:
+            tokens[token_id] = token
+    return tokens
+
+
+def _added_kinds(tokenizer: Tokenizer, size: int) -> dict[int, str]:
+    """{id: how the message names its kind} for the added tokens with ids below `size`."""
+    return {token_id: "a special added token" if added.special else "an added (non-special) token"
+            for token_id, added in tokenizer.backend.get_added_tokens_decoder().items() if token_id < size}
 
 
 def _read_json(file: Path) -> dict:

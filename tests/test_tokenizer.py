@@ -1,4 +1,5 @@
-"""minispec.tokenizer on the real SmolLM2 tokenizer: ids, special tokens, chat template, streaming decode."""
+"""minispec.tokenizer on the real SmolLM2 tokenizer: ids, special tokens, chat template, streaming decode;
+and the draft/target vocabulary check on small tokenizers built here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minispec.errors import CheckpointError
-from minispec.tokenizer import load_tokenizer
+from minispec.tokenizer import VOCAB_SIZE_TOLERANCE, check_same_vocabulary, load_tokenizer
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 CHATML_QUESTION = (
@@ -150,3 +151,68 @@ def test_matches_transformers_tokenizer_on_the_same_folder(tok, real_ckpt):
     for text in SAMPLES:
         assert tok.encode(text) == hf.encode(text, add_special_tokens=False), text
     assert tok.apply_chat_template(QUESTION) == list(hf.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+# ---------------------------------------------------------------- draft/target vocabulary check
+
+WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "<|im_end|>"]
+
+
+def small_tokenizer(folder, words=WORDS, extra=0, eos="</s>", special=("<s>", "</s>", "<|im_end|>")):
+    """A word-level tokenizer folder (tokenizer.json + tokenizer_config.json) read back by load_tokenizer:
+    `words` get ids 0.., then `extra` filler words; `special` are added as special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {word: i for i, word in enumerate([*words, *(f"w{i}" for i in range(extra))])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.add_special_tokens(list(special))
+    folder.mkdir()
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": eos}))
+    return load_tokenizer(folder)
+
+
+def check(draft, target):
+    check_same_vocabulary(draft, target, "--draft weights/d", "--ckpt weights/t")
+
+
+def one_line_error(draft, target) -> str:
+    with pytest.raises(CheckpointError) as error:
+        check(draft, target)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("--draft weights/d: ") and "(--ckpt weights/t)" in message
+    return message
+
+
+def test_same_vocabulary_passes_and_small_size_differences_are_tolerated(tmp_path):
+    target = small_tokenizer(tmp_path / "t", extra=5)
+    check(small_tokenizer(tmp_path / "d", extra=5), target)
+    check(small_tokenizer(tmp_path / "shorter", extra=2), target)  # 3 fewer tokens: padding-sized, allowed
+
+
+def test_a_differing_token_string_names_the_id_and_both_strings(tmp_path):
+    words = [*WORDS[:4], "dog", *WORDS[5:]]  # id 4: 'cat' -> 'dog'
+    message = one_line_error(small_tokenizer(tmp_path / "d", words), small_tokenizer(tmp_path / "t"))
+    assert "token 4 is 'dog' in the draft's tokenizer but 'cat' in the target's" in message
+
+
+def test_differing_eos_ids_are_an_error(tmp_path):
+    message = one_line_error(small_tokenizer(tmp_path / "d", eos="<|im_end|>"), small_tokenizer(tmp_path / "t"))
+    assert "eos token ids are [8] in the draft's tokenizer but [2] in the target's" in message
+
+
+def test_a_token_special_in_one_only_is_an_error(tmp_path):
+    draft = small_tokenizer(tmp_path / "d", special=("<s>", "</s>"))  # '<|im_end|>' an ordinary word here
+    message = one_line_error(draft, small_tokenizer(tmp_path / "t"))
+    assert "token 8 ('<|im_end|>') is an ordinary token in the draft's tokenizer but a special added token" in message
+
+
+def test_sizes_further_apart_than_padding_are_an_error(tmp_path):
+    message = one_line_error(small_tokenizer(tmp_path / "d"),
+                             small_tokenizer(tmp_path / "t", extra=VOCAB_SIZE_TOLERANCE + 1))
+    assert f"the draft's tokenizer has 9 tokens and the target's (--ckpt weights/t) {9 + VOCAB_SIZE_TOLERANCE + 1}" in message
+
+
+def test_the_real_tokenizer_matches_itself(real_tokenizer):
+    check(real_tokenizer, real_tokenizer)
