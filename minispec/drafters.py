@@ -23,6 +23,9 @@ draft, that is just the correction token; after a step where every draft was acc
 last draft token d_gamma (which the drafter proposed but never fed itself) plus the bonus token.
 The self-drafts and early exit draft on the target's own cache instead when its layout and dtype
 allow (ModelDrafter's docstring): no prefill and no catch-up for the draft.
+
+A model drafter may also stop early where it is unsure (`p_min`, llama.cpp's --draft-p-min:
+ModelDrafter's docstring); how many tokens to ask for in the first place is minispec.draft_length's.
 """
 
 from __future__ import annotations
@@ -94,11 +97,24 @@ class ModelDrafter(Drafter):
     catch-up forwards. What it changes: the draft attends to the target's keys and values for the
     whole committed context (for early exit those are exactly its own). If the target's cache
     cannot be shared (another layout or dtype), the drafter falls back to its own.
+
+    Confidence cut-off (`p_min`, llama.cpp's --draft-p-min; 0 = off): before adding draft token
+    i, the drafter reads its own confidence there, the largest probability of softmax(logits_i),
+    the draft model's distribution at temperature 1 before any top-k / top-p; if it is below
+    p_min, the draft ends with the i tokens before it (possibly none: the step is then a plain
+    decode step). A token the draft itself doubts is likely to be rejected, and every draft after
+    a rejection is wasted work, so the cut saves draft forwards and verify rows; what it can lose
+    is a doubted token the target would have accepted. The confidence is not q_draft's largest
+    entry: at temperature 0 q_draft is one-hot, always 1. llama.cpp drafts greedily and computes
+    it over the draft's 10 most likely tokens, renormalised; its older versions kept the doubted
+    token and stopped after it. The cut decides only how many tokens are drafted, so a lossless
+    policy stays lossless (at temperature 0 with the exact policy: plain greedy's output).
     """
 
     def __init__(self, model: Transformer, *, num_layers: int | None = None, name: str = "model",
-                 share_cache: bool = False) -> None:
+                 share_cache: bool = False, p_min: float = 0.0) -> None:
         self.model, self.num_layers, self.name, self.share_cache = model, num_layers, name, share_cache
+        self.p_min = _check_p_min(p_min)
         self.cache: KVCache | None = None
 
     def start(self, max_seq_len: int, target_cache: KVCache | None = None) -> None:
@@ -127,10 +143,13 @@ class ModelDrafter(Drafter):
 
     def propose(self, context, gamma, params, generator) -> Draft:
         start = self.cache.length  # shared: the target's cache holds context[:-1]
-        # catch up: feed what the cache lacks (the last token; after full acceptance also d_gamma)
+        # catch up: feed what the cache lacks (the last token; after full acceptance also d_g, unless
+        # a p_min cut ended the draft after feeding it)
         logits = self._logits(context[self.cache.length:])
         tokens, rows = [], []
         for i in range(gamma):
+            if self.p_min > 0 and confidence(logits) < self.p_min:
+                break  # unsure here: the draft ends before this token
             token = next_token(logits, params, generator)
             tokens.append(token)
             rows.append(logits)
@@ -144,6 +163,11 @@ class ModelDrafter(Drafter):
     def rollback(self, num_valid: int) -> None:
         if not self.shares_target_cache:  # a shared cache is the loop's to roll back
             self.cache.truncate(min(self.cache.length, num_valid))
+
+
+def confidence(logits: torch.Tensor) -> float:
+    """The draft model's probability of its most likely next token: max softmax(logits) of one row [V]."""
+    return float(logits.float().softmax(dim=-1).max())
 
 
 class NgramDrafter(Drafter):
@@ -197,40 +221,61 @@ def self_draft(target: Transformer, precision: str) -> Transformer:
     raise MinispecError(f"--draft self:{precision}: unknown precision; expected self:bf16 or self:int8")
 
 
-def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, *, dtype=None) -> Drafter | None:
+def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, *, dtype=None,
+                 p_min: float = 0.0) -> Drafter | None:
     """Build a drafter from a CLI-style spec, a model, or pass a drafter through.
 
     spec: None (plain decoding) | a Transformer | a Drafter | "ngram" | "ngram:N" | "early-exit:N" |
           "self:bf16" | "self:int8" | a checkpoint folder path.
+    p_min: a model drafter's confidence cut-off (ModelDrafter; 0 = off). The n-gram drafter has
+          no confidence to cut on, and a drafter object takes it in its own constructor.
     """
     vocab = target.config.vocab_size
+    _check_p_min(p_min)
     if spec is None or isinstance(spec, Drafter):
-        if isinstance(spec, NgramDrafter) and spec.vocab_size is None:
-            spec.vocab_size = vocab
+        if isinstance(spec, NgramDrafter):
+            _no_p_min_for_ngram(p_min)
+            spec.vocab_size = spec.vocab_size or vocab
+        elif spec is not None and p_min > 0:
+            raise MinispecError(f"--draft-p-min = {p_min} given with a drafter object; expected it in the drafter's "
+                                f"own constructor (ModelDrafter(..., p_min=...))")
         return spec
     if isinstance(spec, Transformer):
         _check_vocab(spec.config.vocab_size, vocab, "draft model")
-        return ModelDrafter(spec)
+        return ModelDrafter(spec, p_min=p_min)
     text = str(spec)
     kind, _, arg = text.partition(":")
     if kind == "ngram":
+        _no_p_min_for_ngram(p_min)
         size = _int_arg(text, arg or "3", lo=1)
         return NgramDrafter(max_ngram=size, vocab_size=vocab)
     if kind == "early-exit":
         n = _int_arg(text, arg, lo=1, hi=target.config.num_layers - 1)
-        return ModelDrafter(target, num_layers=n, name=text, share_cache=True)
+        return ModelDrafter(target, num_layers=n, name=text, share_cache=True, p_min=p_min)
     if kind == "self":
-        return ModelDrafter(self_draft(target, arg), name=text, share_cache=True)
+        return ModelDrafter(self_draft(target, arg), name=text, share_cache=True, p_min=p_min)
     path = Path(text)
     if path.is_dir():
         from minispec.checkpoint import load_model
 
         draft = load_model(path, dtype=dtype or target.dtype, device=target.device)
         _check_vocab(draft.config.vocab_size, vocab, f"--draft {path}")
-        return ModelDrafter(draft, name=path.name)
+        return ModelDrafter(draft, name=path.name, p_min=p_min)
     raise MinispecError(
         f"--draft = {text!r}: unknown drafter; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8'"
     )
+
+
+def _check_p_min(p_min: float) -> float:
+    if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0 <= p_min <= 1:  # `not <=` catches nan
+        raise MinispecError(f"--draft-p-min = {p_min!r}; expected a number in [0, 1] (0 = off)")
+    return float(p_min)
+
+
+def _no_p_min_for_ngram(p_min: float) -> None:
+    if p_min > 0:
+        raise MinispecError(f"--draft-p-min = {p_min}: the n-gram drafter has no probabilities to cut on (its "
+                            f"q_draft is one-hot, always sure); expected --draft-p-min 0 with an n-gram draft")
 
 
 def _check_vocab(draft_vocab: int, target_vocab: int, what: str) -> None:

@@ -26,8 +26,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from minispec import acceptance
+from minispec import acceptance, draft_length as draft_lengths
 from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput
+from minispec.draft_length import DraftLength
 from minispec.drafters import Draft, Drafter, make_drafter
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.model import Transformer
@@ -77,6 +78,7 @@ def generate(
     draft: Transformer | Drafter | str | None = None,
     policy: str | AcceptancePolicy = "exact",
     gamma: int = 5,
+    draft_length: str | DraftLength = "fixed",
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -92,6 +94,8 @@ def generate(
       vocabulary); a Drafter; or a spec string ("ngram", "early-exit:N", "self:bf16", a path).
     policy: an acceptance policy name ("exact", "sampling", "typical", "dropmatch", ...) or object
       (`minispec.acceptance.get("dropmatch", p=0.3, paths=5)`).
+    gamma: the most tokens drafted per step; draft_length: how many of them to draft each step,
+      "fixed" (gamma), "heuristic" (adapts to what was accepted) or a DraftLength (minispec.draft_length).
     eos_token_ids: None = the checkpoint's own (config.json), [] = never stop early.
     on_tokens: streaming callback (TokenCallback); on_step: called with each verify step's StepRecord.
     stop_when: StopCondition, checked after every new token (also inside an accepted run).
@@ -109,7 +113,8 @@ def generate(
         raise MinispecError(f"gamma = {gamma!r}; expected an integer >= 1")
     prompt = _check_prompt(target, prompt_ids, max_new_tokens, extra=gamma + 1)
     return speculative_decode(target, drafter, acceptance.get(policy), gamma, prompt, max_new_tokens,
-                              params, generator, eos, on_tokens, on_step, stop_when)
+                              params, generator, eos, on_tokens, on_step, stop_when,
+                              draft_lengths.get(draft_length, gamma))
 
 
 def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
@@ -155,16 +160,20 @@ def finish_reason(tokens: list[int], eos: set[int], max_new_tokens: int,
 
 
 def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,
-                       on_tokens=None, on_step=None, stop_when=None) -> GenerationResult:
+                       on_tokens=None, on_step=None, stop_when=None, draft_length=None) -> GenerationResult:
     """The draft-then-verify loop. Invariant at the top of every step:
 
         seq    = prompt + tokens                    everything committed so far
         cache  holds seq[:-1]                       the last token, `last`, is not scored yet
+
+    draft_length: a DraftLength of at most gamma tokens (None: Fixed(gamma), gamma every step).
     """
+    draft_length = draft_length or draft_lengths.Fixed(gamma)
     max_len = len(prompt) + max_new_tokens + gamma + 1
     cache = target.new_cache(1, max_len)
     drafter.start(max_len, target_cache=cache)  # a drafter that can may draft on the target's cache
     policy.reset()
+    draft_length.reset()
     timer = PhaseTimer("draft", "verify", "policy")
     steps = StepStats(gamma)
 
@@ -179,8 +188,9 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
 
     while reason is None:
         seq = prompt + tokens
-        # Never draft past max_new_tokens: a step emits at most g drafts + 1 token.
-        g = min(gamma, max_new_tokens - len(tokens) - 1)
+        # How many to draft: the schedule's choice (gamma unless adaptive), never past max_new_tokens:
+        # a step emits at most g drafts + 1 token.
+        g = min(draft_length.next(), max_new_tokens - len(tokens) - 1)
 
         # 1. Draft: up to g cheap guesses (an n-gram miss proposes none: the step is a plain decode).
         with timer("draft"):
@@ -215,6 +225,7 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         n = decision.num_accepted
         emitted = draft.tokens[:n] + [decision.next_token]  # accepted prefix + correction/bonus
         steps.record(g, n, decision.info)
+        draft_length.update(g, n)  # an adaptive schedule learns from what was accepted
 
         # 4. Roll back: the target cache holds seq[:-1] + [last, d_1..d_g]; keep through d_n.
         verified_length = cache.length
@@ -244,7 +255,8 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         drafter=drafter.name,
         draft_shares_target_cache=drafter.shares_target_cache,
         policy=policy.name,
-        gamma=gamma,
+        gamma=gamma,  # the most drafted per step
+        draft_length=draft_length.name,
         finish_reason=reason,
     )
     return GenerationResult(tokens=tokens, stats=stats)

@@ -1,0 +1,254 @@
+"""Adaptive draft length (minispec.draft_length) and the model drafter's confidence cut-off (p_min):
+the schedules' rules on hand-built steps, their wiring into the loop, and that neither changes
+what greedy speculative decoding emits."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from minispec import draft_length
+from minispec.draft_length import DraftLength, Fixed, Heuristic
+from minispec.drafters import ModelDrafter, NgramDrafter, confidence, make_drafter
+from minispec.errors import MinispecError
+from minispec.sampling import SamplingParams
+from minispec.speculative import generate
+from minispec.testing import model_configs, random_model, seeds, tiny_config
+
+DRAFT_KINDS = ["same", "random", "ngram", "early-exit", "self:bf16"]
+
+
+def build_draft(kind, target, seed, p_min=0.0):
+    """A drafter of each kind (as in test_speculative.py), with the cut-off where it applies."""
+    if kind == "ngram":
+        return make_drafter("ngram:2", target)
+    spec = {"same": target, "random": random_model(target.config, seed + 1),
+            "early-exit": "early-exit:1" if target.config.num_layers > 1 else target}.get(kind, kind)
+    return make_drafter(spec, target, p_min=p_min)
+
+
+@st.composite
+def setups(draw, max_layers=2):
+    cfg = draw(model_configs(max_layers=max_layers))
+    seed = draw(seeds)
+    prompt = draw(st.lists(st.integers(0, min(cfg.vocab_size, 6) - 1), min_size=1, max_size=16))
+    return cfg, seed, prompt
+
+
+def one_line(err):
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+# ----------------------------------------------------------------------------- the schedules
+
+
+def lengths(schedule: DraftLength, steps: list[tuple[int, int]]) -> list[int]:
+    """next() before each (num_drafted, num_accepted) step, and after the last."""
+    schedule.reset()
+    out = []
+    for drafted, accepted in steps:
+        out.append(schedule.next())
+        schedule.update(drafted, accepted)
+    return out + [schedule.next()]
+
+
+def test_fixed_drafts_gamma_whatever_happens():
+    assert lengths(Fixed(4), [(4, 0), (4, 4), (0, 0), (2, 1)]) == [4] * 5
+
+
+def test_heuristic_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise():
+    # starts at gamma; capped there; -1 per step with a rejection
+    assert lengths(Heuristic(5), [(5, 5), (5, 2), (4, 4), (5, 0), (4, 3), (3, 3)]) == [5, 5, 4, 5, 4, 3, 5]
+    # from a given start: +2 twice hits the cap of 8
+    assert lengths(Heuristic(8, start=2), [(2, 2), (4, 4), (6, 6), (8, 8)]) == [2, 4, 6, 8, 8]
+
+
+def test_heuristic_never_drops_below_one():
+    assert lengths(Heuristic(3), [(3, 0), (2, 0), (1, 0), (1, 0)]) == [3, 2, 1, 1, 1]
+    assert lengths(Heuristic(3), [(3, 1), (2, 1), (1, 0), (1, 1)]) == [3, 2, 1, 1, 3]
+
+
+def test_heuristic_counts_what_was_drafted_not_what_was_asked():
+    # asked for 6, a cut-off (or the tokens left) gave 2, both accepted: every draft was, so +2
+    assert lengths(Heuristic(8, start=6), [(2, 2)]) == [6, 8]
+    # nothing drafted (an n-gram miss, a cut before the first token): no evidence, no change
+    assert lengths(Heuristic(8, start=6), [(0, 0), (0, 0)]) == [6, 6, 6]
+
+
+def test_heuristic_starts_afresh_every_generation():
+    schedule = Heuristic(6, start=3)
+    assert lengths(schedule, [(3, 0), (2, 0)]) == [3, 2, 1]
+    assert lengths(schedule, []) == [3]  # lengths() calls reset() first, as the loop does
+
+
+def test_get_builds_by_name_and_passes_objects_through():
+    assert isinstance(draft_length.get("fixed", 5), Fixed) and draft_length.get("fixed", 5).next() == 5
+    schedule = draft_length.get("heuristic", 8)
+    assert isinstance(schedule, Heuristic) and (schedule.gamma, schedule.start) == (8, 8)
+    mine = Heuristic(4, start=1)
+    assert draft_length.get(mine, 5) is mine
+
+
+def test_get_and_schedule_errors_are_one_line():
+    with pytest.raises(MinispecError) as err:
+        draft_length.get("adaptive", 5)
+    assert "--draft-length = 'adaptive': unknown draft length schedule; expected one of fixed, heuristic" in one_line(err)
+    with pytest.raises(MinispecError) as err:
+        draft_length.get(Heuristic(8), 5)
+    assert "--draft-length" in one_line(err) and "up to 8 tokens; expected at most gamma=5" in one_line(err)
+    with pytest.raises(MinispecError) as err:
+        Heuristic(4, start=5)
+    assert "start = 5; expected an integer in 1..gamma=4" in one_line(err)
+    target = random_model(tiny_config(), 0)
+    with pytest.raises(MinispecError) as err:
+        generate(target, [1], max_new_tokens=3, draft="ngram", draft_length="nope")
+    assert "--draft-length = 'nope'" in one_line(err)
+
+
+# ------------------------------------------------------------------------------- in the loop
+
+
+class Recorded(Heuristic):
+    """The heuristic, remembering what it answered and what it was told."""
+
+    def reset(self):
+        super().reset()
+        self.asked, self.told = [], []
+
+    def next(self):
+        self.asked.append(super().next())
+        return self.asked[-1]
+
+    def update(self, num_drafted, num_accepted):
+        self.told.append((num_drafted, num_accepted))
+        super().update(num_drafted, num_accepted)
+
+
+@given(setup=setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20),
+       schedule=st.sampled_from(["fixed", "heuristic"]), p_min=st.sampled_from([0.0, 0.3, 0.7, 1.0]))
+def test_adaptive_greedy_equals_plain_greedy(setup, gamma, kind, n_new, schedule, p_min):
+    """Whatever the schedule and the cut-off, exact speculative greedy emits plain greedy's tokens."""
+    cfg, seed, prompt = setup
+    target = random_model(cfg, seed, scale=3.0)  # peaky distributions: long greedy agreements
+    plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
+    drafter = build_draft(kind, target, seed, p_min=0.0 if kind == "ngram" else p_min)
+    spec = generate(target, prompt, max_new_tokens=n_new, draft=drafter, policy="exact", gamma=gamma,
+                    draft_length=schedule, eos_token_ids=[])
+    assert spec.tokens == plain.tokens
+    s = spec.stats
+    assert s["draft_length"] == schedule and s["gamma"] == gamma
+    assert 1 <= s["tau"] <= gamma + 1
+    assert sum(s["accepted_length_histogram"]) + s["no_draft_steps"] == s["verify_steps"]
+
+
+@settings(max_examples=15)
+@given(setup=setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20),
+       start=st.integers(1, 6), p_min=st.sampled_from([0.0, 0.5]))
+def test_the_loop_asks_the_schedule_and_reports_every_step(setup, gamma, kind, n_new, start, p_min):
+    """Each step drafts at most what the schedule said (fewer only near max_new_tokens or when the
+    drafter proposes fewer), and the schedule hears each step's drafted and accepted counts."""
+    cfg, seed, prompt = setup
+    target = random_model(cfg, seed, scale=3.0)
+    schedule = Recorded(gamma, start=min(start, gamma))
+    records = []
+    out = generate(target, prompt, max_new_tokens=n_new, draft=build_draft(kind, target, seed, p_min=0.0 if kind == "ngram" else p_min),
+                   gamma=gamma, draft_length=schedule, eos_token_ids=[], on_step=records.append)
+    assert out.stats["draft_length"] == "heuristic"
+    assert schedule.told == [(r.inp.gamma, r.decision.num_accepted) for r in records]
+    assert len(schedule.asked) == len(records)
+    produced = 1  # the prefill's token
+    for asked, r in zip(schedule.asked, records):
+        assert r.inp.gamma <= min(asked, n_new - produced - 1)
+        if kind in ("same", "random", "early-exit", "self:bf16") and p_min == 0:
+            assert r.inp.gamma == min(asked, n_new - produced - 1)  # a model drafter without a cut gives all
+        produced += len(r.emitted)
+
+
+def test_heuristic_grows_to_gamma_when_every_draft_is_accepted_and_shrinks_to_one_when_none_is():
+    target = random_model(tiny_config(), 3, scale=3.0)
+    records = []
+    generate(target, [5, 6, 7], max_new_tokens=40, draft=target, gamma=6, draft_length=Heuristic(6, start=1),
+             eos_token_ids=[], on_step=records.append)  # the target drafting for itself: always right
+    assert [r.inp.gamma for r in records][:5] == [1, 3, 5, 6, 6]
+    assert all(r.decision.num_accepted == r.inp.gamma for r in records)
+    records = []
+    out = generate(target, [5, 6, 7], max_new_tokens=40, draft=random_model(tiny_config(), 4), gamma=6,
+                   draft_length="heuristic", eos_token_ids=[], on_step=records.append)
+    steps = [(r.inp.gamma, r.decision.num_accepted) for r in records]  # a draft that rarely agrees
+    assert steps[:6] == [(6, 0), (5, 0), (4, 0), (3, 0), (2, 0), (1, 0)]  # -1 per rejection, down to 1
+    assert steps[6:8] == [(1, 1), (3, 0)]  # +2 after the one accepted draft
+    assert out.stats["num_drafted"] < 2 * len(records)  # fixed gamma 6 would have drafted ~6 per step
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "heuristic"])
+def test_same_seed_same_tokens_with_a_schedule_object_reused(schedule):
+    target = random_model(tiny_config(), 0)
+    drafter = ModelDrafter(random_model(tiny_config(), 1), p_min=0.2)
+    shared = draft_length.get(schedule, 5)
+    runs = [generate(target, [1, 2, 3], max_new_tokens=20, draft=drafter, policy="sampling", temperature=1.0,
+                     seed=s, draft_length=shared, eos_token_ids=[]).tokens for s in (7, 7, 8)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+# --------------------------------------------------------------------------------- the cut-off
+
+
+@settings(max_examples=20)
+@given(cfg=model_configs(), seed=seeds, gamma=st.integers(1, 6), p_min=st.floats(0.0, 1.0),
+       context=st.lists(st.integers(0, 5), min_size=1, max_size=10), temperature=st.sampled_from([0.0, 1.0]))
+def test_p_min_ends_the_draft_at_the_first_doubted_token(cfg, seed, gamma, p_min, context, temperature):
+    """With p_min, the draft is the draft without it cut before the first position whose top
+    probability (softmax of the draft's logits) is below p_min; the tokens before are the same."""
+    model = random_model(cfg, seed)
+    params = SamplingParams(temperature)
+    drafts = []
+    for cut in (0.0, p_min):
+        drafter = ModelDrafter(model, p_min=cut)
+        drafter.start(64)
+        drafts.append(drafter.propose(context, gamma, params, torch.Generator().manual_seed(seed)))
+    full, cut = drafts
+    doubted = [confidence(row) < p_min for row in full.logits]
+    expected = doubted.index(True) if p_min > 0 and any(doubted) else gamma
+    assert cut.tokens == full.tokens[:expected]
+    assert cut.q_draft.shape == (expected, cfg.vocab_size) and cut.logits.shape == (expected, cfg.vocab_size)
+
+
+@pytest.mark.parametrize("kind", ["random", "early-exit", "self:bf16"])
+def test_p_min_one_drafts_nothing_and_decodes_plain_greedy(kind):
+    """No draft is sure to the last bit: with p_min = 1 every step is a plain decode step."""
+    target = random_model(tiny_config(num_layers=2), 3)
+    plain = generate(target, [5, 6, 7], max_new_tokens=12, eos_token_ids=[])
+    out = generate(target, [5, 6, 7], max_new_tokens=12, draft=build_draft(kind, target, 3, p_min=1.0), gamma=4,
+                   eos_token_ids=[])
+    assert out.tokens == plain.tokens
+    s = out.stats
+    assert s["num_drafted"] == 0 and s["no_draft_steps"] == s["verify_steps"] == 11 and s["tau"] == 1.0
+
+
+def test_p_min_saves_draft_forwards_where_the_draft_doubts():
+    target = random_model(tiny_config(), 3, scale=3.0)
+    runs = {p: generate(target, [5, 6, 7], max_new_tokens=30, draft=ModelDrafter(random_model(tiny_config(), 4), p_min=p),
+                        gamma=6, eos_token_ids=[]) for p in (0.0, 0.6)}
+    assert runs[0.6].tokens == runs[0.0].tokens
+    assert runs[0.6].stats["num_drafted"] < runs[0.0].stats["num_drafted"]
+    assert runs[0.6].stats["draft_forwards"] < runs[0.0].stats["draft_forwards"]
+
+
+def test_p_min_errors_are_one_line():
+    target = random_model(tiny_config(), 0)
+    for spec in ("ngram", "ngram:2", NgramDrafter(2)):
+        with pytest.raises(MinispecError) as err:
+            make_drafter(spec, target, p_min=0.5)
+        assert "--draft-p-min = 0.5: the n-gram drafter has no probabilities to cut on" in one_line(err)
+    assert isinstance(make_drafter("ngram", target, p_min=0.0), NgramDrafter)
+    for bad in (1.5, -0.1, math.nan):
+        with pytest.raises(MinispecError) as err:
+            make_drafter("early-exit:1", random_model(tiny_config(num_layers=2), 0), p_min=bad)
+        assert "--draft-p-min" in one_line(err) and "expected a number in [0, 1]" in one_line(err)
+    with pytest.raises(MinispecError) as err:
+        make_drafter(ModelDrafter(target), target, p_min=0.5)
+    assert "drafter's own constructor" in one_line(err)
+    assert make_drafter(target, target, p_min=0.5).p_min == 0.5
