@@ -1,4 +1,4 @@
-"""Load a Hugging Face checkpoint folder into a minispec Transformer.
+"""Load a Hugging Face checkpoint (a folder, or a hub repo id via minispec.hub) into a minispec Transformer.
 
 A folder holds config.json and either model.safetensors or a sharded set described by
 model.safetensors.index.json ({"weight_map": {tensor name: shard file}}). Only safetensors are
@@ -20,17 +20,20 @@ from safetensors import safe_open
 
 from minispec.config import ModelConfig
 from minispec.errors import CheckpointError
+from minispec.hub import resolve_checkpoint
 from minispec.model import Transformer
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Transformer:
-    """Read config.json and the safetensors weights in `path`; return the model in eval mode."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: not a directory; expected a checkpoint folder with config.json")
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               revision: str | None = None) -> Transformer:
+    """Read config.json and the safetensors weights in `path`; return the model in eval mode.
+
+    `path`: a checkpoint folder or a hub repo id 'owner/name[@revision]' (minispec.hub).
+    """
+    folder = resolve_checkpoint(path, revision, what="checkpoint")
     config = ModelConfig.from_hf(folder)
 
     with torch.device("meta"):  # no memory, no random init: every tensor comes from the file

@@ -116,11 +116,16 @@ class StreamDecoder:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Read tokenizer.json (required) and tokenizer_config.json, generation_config.json, config.json (optional)."""
+def load_tokenizer(path: str | Path, revision: str | None = None) -> Tokenizer:
+    """Read tokenizer.json (required) and tokenizer_config.json, generation_config.json, config.json (optional).
+
+    `path`: a checkpoint folder or a hub repo id 'owner/name[@revision]' (minispec.hub).
+    """
     from tokenizers import Tokenizer as Backend
 
-    folder = Path(path)
+    from minispec.hub import resolve_checkpoint
+
+    folder = resolve_checkpoint(path, revision, what="checkpoint")
     tokenizer_file = folder / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise CheckpointError(f"{tokenizer_file}: no such file; expected the checkpoint's tokenizer (tokenizers JSON)")

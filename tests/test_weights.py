@@ -357,3 +357,21 @@ def test_real_checkpoint_matches_transformers_gguf_code_path(real_ckpt, real_ggu
             tensor = by_name[gguf_name]
             reference = processor.process(weights=gguf.quants.dequantize(tensor.data, tensor.tensor_type), name=gguf_name).weights
             assert torch.equal(ours.get_tensor(name), torch.from_numpy(np.array(reference))), name
+
+
+def test_default_folder_is_weights_in_a_checkout_and_the_user_cache_when_installed(tmp_path, monkeypatch):
+    """weights/ beside the package in a source checkout; an installed package (site-packages) uses
+    the user cache folder, never site-packages itself; MINISPEC_HOME overrides both."""
+    monkeypatch.delenv("MINISPEC_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(sys, "platform", "linux")
+    checkout = weights.default_checkpoint_dir()  # this package, as the tests run it: a source checkout
+    assert checkout == weights.Path(weights.__file__).resolve().parent.parent / "weights" / weights.DEFAULT_NAME
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    (site / "minispec").mkdir(parents=True)
+    (site / "weights").mkdir()  # even a stray top-level weights/ there does not make it a checkout
+    installed = weights.default_checkpoint_dir(site / "minispec")
+    assert installed == tmp_path / "cache" / "minispec" / weights.DEFAULT_NAME
+    monkeypatch.setenv("MINISPEC_HOME", str(tmp_path / "home"))
+    assert weights.default_checkpoint_dir(site / "minispec") == tmp_path / "home" / weights.DEFAULT_NAME
+    assert weights.default_checkpoint_dir() == tmp_path / "home" / weights.DEFAULT_NAME
