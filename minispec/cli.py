@@ -20,8 +20,9 @@ from typing import Callable
 from minispec.errors import MinispecError
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a flag's default in `-h` unless it is None or a switch's False (its help says those)."""
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows a flag's default in `-h` unless it is None or a switch's False (its help says those);
+    the epilog is printed as written (a table of equivalent flags keeps its columns)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         if action.default is None or isinstance(action.default, bool):
@@ -63,6 +64,22 @@ def ranged(kind: type, flag: str, lo: float | None = None, hi: float | None = No
         return value
 
     return parse
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> frozenset[str]:
+    """The dest names of the flags actually given in argv (not filled in from their defaults).
+
+    Parses argv a second time with every default suppressed: what is left was typed.
+    """
+    saved = {action: action.default for action in parser._actions}
+    try:
+        for action in parser._actions:
+            action.default = argparse.SUPPRESS
+        given = vars(parser.parse_args(argv))
+    finally:
+        for action, default in saved.items():
+            action.default = default
+    return frozenset(given)
 
 
 def run_main(prog: str, body: Callable[[], int | None]) -> int:

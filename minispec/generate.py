@@ -1,18 +1,21 @@
-"""The command line: `python -m minispec.generate --ckpt PATH --prompt TEXT [...]`.
+"""The command line: `python -m minispec.generate [--ckpt PATH|REPO_ID] [--prompt TEXT] [...]`.
 
-argv -> GenerateArgs (a dataclass) -> load model + tokenizer (+ drafter, policy) ->
-speculative.generate -> tokens streamed to the terminal as they are produced, or one JSON
-object with --json. With --draft the draft-then-verify loop runs; --show colours each token by
-where it came from (an accepted draft, a correction, a bonus token); --stats prints tau,
-acceptance and timings; --trace prints every step of the loop as it happens (minispec.trace).
-Without --ckpt the default checkpoint (SmolLM2-135M-Instruct) is fetched and converted into
-weights/ on first use. User mistakes end in one line on stderr and exit status 2.
+argv -> GenerateArgs (a dataclass; flags that cannot apply are refused) -> load model + tokenizer
+(+ drafter, policy) -> speculative.generate -> tokens streamed to the terminal as they are
+produced, or one JSON object with --json. With --draft the draft-then-verify loop runs; --show
+colours each token by where it came from (an accepted draft, a correction, a bonus token);
+--stats prints tau, acceptance and timings; --trace prints every step of the loop as it happens
+(minispec.trace). A checkpoint with a chat template gets the prompt wrapped in it (--raw: not).
+Without --ckpt the default checkpoint (SmolLM2-135M-Instruct) is fetched and converted on first
+use (minispec.weights.default_checkpoint_dir). User mistakes end in one line on stderr and exit
+status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,21 +23,43 @@ from pathlib import Path
 import torch
 
 from minispec.acceptance.dropmatch_calibrate import DEFAULT_LEVEL
-from minispec.cli import Parser, ranged, run_main
+from minispec.cli import Parser, given_flags, ranged, run_main
 from minispec.errors import MinispecError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float64": torch.float64, "fp64": torch.float64}
 PROG = "minispec.generate"
+DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
+DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
+SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace") + DROPMATCH_FLAGS
+
+EQUIVALENTS = """\
+the same settings in vLLM (speculative_config) / llama.cpp / transformers (generate):
+  --gamma N                 num_speculative_tokens=N / --draft-max N / num_assistant_tokens=N
+  --draft PATH              model=PATH / -md PATH / assistant_model=the loaded model
+  --draft ngram:N           method="ngram", prompt_lookup_max=N / llama-lookup /
+                            prompt_lookup_num_tokens=gamma, max_matching_ngram_size=N
+  --draft-length heuristic  - / - / num_assistant_tokens_schedule="heuristic"
+  --draft-p-min P           - / --draft-p-min P / assistant_confidence_threshold=P
+  --policy exact            the lossless verification of each (at temperature 0: greedy)
+  --max-new-tokens N        max_tokens=N / -n N / max_new_tokens=N
+  --stop S                  stop=[S] / "stop" (server) / stop_strings=[S]
+  --temperature, --top-k, --top-p, --seed: the same in all three
+--stats: "mean accepted length" = vLLM's mean acceptance length and llama.cpp's accepted
+tokens per drafted step (tau_drafted in --json); tau also counts steps that drafted nothing.
+"""
 
 
 @dataclass(frozen=True)
 class GenerateArgs:
-    ckpt: Path | None
+    ckpt: str | None
+    revision: str | None
     prompt: str
-    chat: bool
+    prompt_file: Path | None
+    chat: bool | None  # True: --chat, False: --raw, None: chat iff the checkpoint has a chat template
     system: str | None
     max_new_tokens: int
+    stop: tuple[str, ...]
     temperature: float
     top_k: int | None
     top_p: float | None
@@ -46,6 +71,8 @@ class GenerateArgs:
     draft: str | None
     policy: str
     gamma: int
+    draft_length: str
+    draft_p_min: float
     dropout_p: float | str  # a number or "auto"
     agreement: float
     paths: int
@@ -54,37 +81,61 @@ class GenerateArgs:
     or_base: bool
     stats: bool
     show: bool
+    color: str
     trace: bool
+    given: frozenset[str] = frozenset()  # the flags given on the command line (their dest names)
 
 
 def build_parser() -> Parser:
-    p = Parser(prog=PROG, description="Generate text with a Llama/Qwen3 checkpoint.")
-    p.add_argument("--ckpt", type=Path, default=None,
-                   help="Hugging Face checkpoint folder (default: weights/smollm2-135m-instruct, fetched on first use)")
-    p.add_argument("--prompt", default="What is the capital of France?", help="the prompt text")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the checkpoint's chat template")
-    p.add_argument("--system", default=None, help="system message for --chat (default: the template's own)")
+    p = Parser(prog=PROG, description="Generate text with a Llama/Qwen checkpoint, plainly or by draft-then-verify.",
+               epilog=EQUIVALENTS)
+    p.add_argument("--ckpt", default=None,
+                   help="a Hugging Face checkpoint folder or hub repo id 'owner/name[@revision]' (fetched into the "
+                        "hub cache; HF_HUB_OFFLINE=1 reads only the cache). Default: SmolLM2-135M-Instruct, fetched "
+                        "and converted on first use into weights/ in a source checkout, else into MINISPEC_HOME or "
+                        "the user cache folder")
+    p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) of --ckpt")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prompt", default="What is the capital of France?", help="the prompt text")
+    source.add_argument("--prompt-file", type=Path, default=None, help="read the prompt from this file ('-': stdin)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
+                      help="wrap the prompt in the checkpoint's chat template (the default when it has one)")
+    mode.add_argument("--raw", dest="chat", action="store_const", const=False,
+                      help="feed the prompt as plain text, without the chat template")
+    p.add_argument("--system", default=None, help="system message for chat mode (default: the template's own)")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=128)
+    p.add_argument("--stop", action="append", default=[], metavar="STRING",
+                   help="end the generation when the text contains STRING (repeatable); the text ends before it")
     p.add_argument("--temperature", type=ranged(float, "--temperature", lo=0), default=0.0,
                    help="0 = greedy (argmax, lowest id on ties)")
-    p.add_argument("--top-k", type=ranged(int, "--top-k", lo=1), default=None)
-    p.add_argument("--top-p", type=ranged(float, "--top-p", lo=0, hi=1, lo_open=True), default=None)
+    p.add_argument("--top-k", type=ranged(int, "--top-k", lo=1), default=None, help="sample from the k likeliest tokens")
+    p.add_argument("--top-p", type=ranged(float, "--top-p", lo=0, hi=1, lo_open=True), default=None,
+                   help="sample from the smallest set of tokens with probability >= p (nucleus)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--kernels", choices=["fast", "compiled", "reference"], default="fast",
-                   help="fast: minispec.kernels' packed, fused weights (float32/bfloat16 on CPU; elsewhere the "
-                        "reference path); compiled: the same blocks with decoding steps compiled by TorchInductor "
-                        "(compiles for minutes on first use, holds several copies of the weights); "
-                        "reference: model.py exactly as written")
-    p.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats) instead of streaming")
+    p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
+    p.add_argument("--kernels", choices=["auto", "fast", "compiled", "reference"], default="auto",
+                   help="auto: fast where it applies (a float32/bfloat16 model on the CPU), else reference; "
+                        "fast: minispec.kernels' packed, fused weights (CPU only); compiled: the same blocks with "
+                        "decoding steps compiled by TorchInductor (CPU only; compiles for minutes on first use, holds "
+                        "several copies of the weights); reference: model.py exactly as written")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, tokens, finish_reason, stats) instead of streaming")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--draft", default=None,
-                   help="drafter: a checkpoint folder, 'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
+                   help="drafter: a checkpoint folder or hub repo id, 'ngram[:N]', 'early-exit:N', 'self:bf16' or "
+                        "'self:int8' (default: plain decoding)")
     s.add_argument("--policy", default="exact",
                    help="acceptance policy: exact, sampling, typical, dropmatch (Algorithm 1 in full), dropmatch-lazy "
                         "(the same decisions, computing only what each needs), or a registered name")
-    s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5, help="draft length per verify step")
+    s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5,
+                   help="draft length per verify step (with --draft-length heuristic: the most)")
+    s.add_argument("--draft-length", choices=["fixed", "heuristic"], default="fixed",
+                   help="fixed: gamma every step; heuristic: +2 after a fully accepted draft, -1 otherwise, "
+                        "between 1 and gamma (transformers' schedule)")
+    s.add_argument("--draft-p-min", type=ranged(float, "--draft-p-min", lo=0, hi=1), default=0.0,
+                   help="a model draft stops at the first token whose draft probability is below this (0 = off)")
     s.add_argument("--dropout-p", type=dropout_p, default=0.3,
                    help="DropMatch: dropout probability on the LM-head input, in [0, 1), or 'auto': the p whose "
                         "measured all-K head agreement with the clean argmax is --agreement, on the target's first "
@@ -92,14 +143,18 @@ def build_parser() -> Parser:
     s.add_argument("--agreement", type=ranged(float, "--agreement", lo=0, hi=1, lo_open=True), default=DEFAULT_LEVEL,
                    help="with --dropout-p auto: the share of positions where all K heads keep the clean argmax")
     s.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")
-    s.add_argument("--criterion", choices=["js_or_majority", "js", "majority", "naive"], default="js_or_majority")
-    s.add_argument("--majority", choices=["strict", "plurality"], default="strict")
+    s.add_argument("--criterion", choices=["js_or_majority", "js", "majority", "naive"], default="js_or_majority",
+                   help="DropMatch: the acceptance test")
+    s.add_argument("--majority", choices=["strict", "plurality"], default="strict", help="DropMatch: the vote")
     s.add_argument("--no-or-base", dest="or_base", action="store_false",
                    help="DropMatch alone, not OR-ed with its base policy (exact at T=0, sampling at T>0)")
-    s.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
-    s.add_argument("--show", action="store_true",
+    o = p.add_argument_group("output")
+    o.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
+    o.add_argument("--show", action="store_true",
                    help="colour the output: accepted drafts green, corrections red, bonus tokens blue")
-    s.add_argument("--trace", action="store_true",
+    o.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="when --show writes colour codes: auto = only to a terminal (and not with NO_COLOR set)")
+    o.add_argument("--trace", action="store_true",
                    help="print every verify step as it happens: the drafts, each row's target choice and "
                         "probability, the decision, the rollback and both caches' lengths (then the text)")
     return p
@@ -119,22 +174,56 @@ def dropout_p(text: str) -> float | str:
 
 
 def parse_args(argv: list[str] | None = None) -> GenerateArgs:
-    ns = build_parser().parse_args(argv)
-    return GenerateArgs(**vars(ns))
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    ns.stop = tuple(ns.stop)
+    return GenerateArgs(**vars(ns), given=given_flags(parser, argv))
+
+
+def check_flags(args: GenerateArgs) -> None:
+    """A flag given where it cannot apply is a mistake, not something to ignore: say why, in one line."""
+    def flag(dest: str) -> str:
+        return "--no-or-base" if dest == "or_base" else "--" + dest.replace("_", "-")
+
+    for dest in sorted(args.given):
+        if args.draft is None and dest in SPECULATIVE_FLAGS:
+            raise MinispecError(f"{flag(dest)}: applies only to speculative decoding; expected a --draft "
+                                "(without one, decoding is plain)")
+        if dest in DROPMATCH_FLAGS and args.policy not in DROPMATCH_POLICIES:
+            raise MinispecError(f"{flag(dest)}: a DropMatch setting; expected --policy dropmatch or dropmatch-lazy "
+                                f"(not {args.policy})")
+        if dest in ("top_k", "top_p") and args.temperature == 0:
+            raise MinispecError(f"{flag(dest)}: applies only when sampling; expected --temperature > 0 "
+                                "(at 0 decoding takes the argmax)")
+        if dest in ("show", "color", "stats") and args.json:
+            raise MinispecError(f"{flag(dest)}: --json prints one JSON object (with the stats) and no stream; "
+                                f"expected one of --json and {flag(dest)}")
+        if dest == "color" and not args.show:
+            raise MinispecError("--color: says when --show colours the text; expected --show with it")
+        if dest == "stop" and "" in args.stop:
+            raise MinispecError("--stop '': an empty stop string would stop at once; expected a non-empty STRING")
+        if dest == "system" and args.chat is False:
+            raise MinispecError("--system: a chat-template message; expected chat mode, not --raw")
+    if "agreement" in args.given and args.dropout_p != "auto":
+        raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
 
 
 def run(args: GenerateArgs) -> dict:
     from minispec import kernels
     from minispec.checkpoint import load_model
-    from minispec.drafters import make_drafter
+    from minispec.hub import resolve_checkpoint
     from minispec.speculative import generate
     from minispec.tokenizer import load_tokenizer
 
-    ckpt = args.ckpt
-    if ckpt is None:
+    check_flags(args)
+    if args.ckpt is None:
+        if args.revision is not None:
+            raise MinispecError("--revision: a hub revision of --ckpt; expected a --ckpt repo id with it")
         from minispec.weights import ensure_default_checkpoint
 
         ckpt = ensure_default_checkpoint()
+    else:
+        ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
     try:
         device = torch.device(args.device)
         torch.empty(0, device=device)
@@ -143,16 +232,16 @@ def run(args: GenerateArgs) -> dict:
 
     model = load_model(ckpt, dtype=DTYPES[args.dtype], device=device)
     tokenizer = load_tokenizer(ckpt)
-    drafter = make_drafter(args.draft, model)  # before the kernels: a self-draft copies the loaded weights
+    drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
     prompt_ids = _prompt_ids(args, tokenizer)
     p = args.dropout_p
-    if p == "auto" and args.policy in ("dropmatch", "dropmatch-lazy"):  # calibrated on this prompt
+    if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
         from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
 
         p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, eos_token_ids=tokenizer.eos_token_ids)
     kind = args.kernels
-    if kind == "fast" and (device.type != "cpu" or model.dtype not in kernels.packed.SUPPORTED_DTYPES):
-        kind = "reference"  # the default falls back where packed weights do not apply (float64, not CPU)
+    if kind == "auto":  # fast where the packed weights apply (float32/bfloat16 on the CPU), else model.py as written
+        kind = "fast" if device.type == "cpu" and model.dtype in kernels.packed.SUPPORTED_DTYPES else "reference"
     kernels.apply(model, kind, checkpoint=ckpt)
     kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
     if kind == "compiled":
@@ -161,33 +250,71 @@ def run(args: GenerateArgs) -> dict:
         kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
     policy = _policy(args, p)
 
-    printer = None if args.json or args.trace else _Printer(tokenizer, colour=args.show)
+    stop = StopStrings(tokenizer, args.stop) if args.stop else None
+    printer = None if args.json or args.trace else _Printer(tokenizer, colour=args.show and _use_colour(args.color),
+                                                            stops=args.stop)
     tracer = None
-    if args.trace and drafter is not None:
+    if args.trace:
         from minispec.trace import Tracer
 
         tracer = Tracer(tokenizer, drafter.name, policy.name, out=sys.stderr if args.json else None)  # keep JSON clean
+    speculative = {} if drafter is None else {"draft_length": args.draft_length}
     result = generate(
         model, prompt_ids, max_new_tokens=args.max_new_tokens, draft=drafter, policy=policy, gamma=args.gamma,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         eos_token_ids=tokenizer.eos_token_ids, on_tokens=None if printer is None else printer.push,
-        on_step=tracer,
+        on_step=tracer, stop_when=stop, **speculative,
     )
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+    if stop is not None:
+        text = stop.cut(text)
     if printer is not None:
         printer.finish()
     elif args.trace and not args.json:
         print(text)
-    if args.policy in ("dropmatch", "dropmatch-lazy"):
+    if args.policy in DROPMATCH_POLICIES:
         result.stats["dropout_p"] = p
-    return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids), "stats": result.stats}
+    return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids),
+            "finish_reason": result.finish_reason, "stats": result.stats}
+
+
+def _drafter(args: GenerateArgs, model, tokenizer):
+    """--draft as a Drafter; a draft checkpoint (folder or repo id) must share the target's tokenizer."""
+    from minispec.drafters import make_drafter
+
+    from minispec.hub import is_repo_id, resolve_checkpoint
+
+    spec = args.draft
+    if spec is not None and (Path(spec).exists() or is_repo_id(spec.partition("@")[0])):  # a draft model
+        from minispec.tokenizer import check_same_vocabulary, load_tokenizer
+
+        folder = resolve_checkpoint(spec, what="--draft")
+        check_same_vocabulary(load_tokenizer(folder), tokenizer, draft_name=f"--draft {spec}",
+                              target_name="the target")
+        spec = str(folder)
+    return make_drafter(spec, model, p_min=args.draft_p_min)
 
 
 def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
-    if not args.chat:
-        return tokenizer.encode(args.prompt)
+    if args.prompt_file is None:
+        prompt = args.prompt
+    elif str(args.prompt_file) == "-":
+        prompt = sys.stdin.read()
+    else:
+        try:
+            prompt = args.prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise MinispecError(f"--prompt-file {args.prompt_file}: cannot be read ({reason}); "
+                                "expected a UTF-8 text file") from None
+    chat = bool(tokenizer.chat_template) if args.chat is None else args.chat
+    if not chat:
+        if args.system is not None:
+            raise MinispecError(f"--system: a chat-template message, but {tokenizer.source} has no chat template; "
+                                "expected a chat checkpoint")
+        return tokenizer.encode(prompt)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": args.prompt}
+        {"role": "user", "content": prompt}
     ]
     return tokenizer.apply_chat_template(messages)
 
@@ -195,13 +322,38 @@ def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
 def _policy(args: GenerateArgs, p: float | str):
     from minispec import acceptance
 
-    if args.policy in ("dropmatch", "dropmatch-lazy"):
+    if args.policy in DROPMATCH_POLICIES:
         return acceptance.get(args.policy, p=p, paths=args.paths, criterion=args.criterion,
                               majority=args.majority, or_base=args.or_base, seed=args.seed)
     try:
         return acceptance.get(args.policy)
     except MinispecError as err:
         raise MinispecError(f"--{err}") from None
+
+
+def _use_colour(when: str) -> bool:
+    """--color: always, never, or auto = stdout is a terminal and NO_COLOR is not set (no-color.org)."""
+    if when != "auto":
+        return when == "always"
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+class StopStrings:
+    """The loop's stop_when for --stop: true once the decoded text contains any of the strings.
+
+    The text is decoded as the output is (special tokens skipped); `cut` ends it before the first
+    stop string, as vLLM and llama.cpp's server return it.
+    """
+
+    def __init__(self, tokenizer, strings: tuple[str, ...]) -> None:
+        self.tokenizer, self.strings = tokenizer, strings
+
+    def __call__(self, tokens: list[int]) -> bool:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return any(s in text for s in self.strings)
+
+    def cut(self, text: str) -> str:
+        return text[:min((text.find(s) for s in self.strings if s in text), default=len(text))]
 
 
 GREEN, RED, BLUE, RESET = "\033[32m", "\033[31m", "\033[34m", "\033[0m"
@@ -212,27 +364,59 @@ class _Printer:
 
     With colour: accepted draft tokens green; the token the target supplied after a rejection
     (the correction) red; the bonus token after a fully accepted draft blue; tokens of plain
-    decoding steps uncoloured.
+    decoding steps uncoloured. With stop strings, text that could be the start of one is held
+    back until it is known not to be, and nothing from the first stop string on is printed.
     """
 
-    def __init__(self, tokenizer, colour: bool) -> None:
-        self.stream, self.colour = tokenizer.stream_decoder(skip_special_tokens=True), colour
+    def __init__(self, tokenizer, colour: bool, stops: tuple[str, ...] = ()) -> None:
+        self.stream, self.colour, self.stops = tokenizer.stream_decoder(skip_special_tokens=True), colour, stops
+        self.pending: list[tuple[str, str]] = []  # (text, colour) held back
+        self.stopped = False
 
     def push(self, tokens: list[int], num_accepted: int, num_proposed: int) -> None:
         drafted, last = tokens[:num_accepted], tokens[num_accepted:]
-        self._write(self.stream.push(drafted) if drafted else "", GREEN)
+        self._emit(self.stream.push(drafted) if drafted else "", GREEN)
         if last:
             target_colour = "" if num_proposed == 0 else (BLUE if num_accepted == num_proposed else RED)
-            self._write(self.stream.push(last), target_colour)
+            self._emit(self.stream.push(last), target_colour)
 
-    def _write(self, text: str, colour: str) -> None:
-        if text:
-            sys.stdout.write(f"{colour}{text}{RESET}" if self.colour and colour else text)
-            sys.stdout.flush()
+    def _emit(self, text: str, colour: str) -> None:
+        if self.stopped or not text:
+            return
+        self.pending.append((text, colour))
+        joined = "".join(t for t, _ in self.pending)
+        hits = [joined.find(s) for s in self.stops if s in joined]
+        if hits:
+            self.stopped = True
+            self._release(min(hits))
+        else:
+            self._release(len(joined) - _held_back(joined, self.stops))
+
+    def _release(self, num_chars: int) -> None:
+        """Write the first num_chars held-back characters, each piece in its colour; keep the rest."""
+        rest: list[tuple[str, str]] = []
+        for text, colour in self.pending:
+            head, tail = text[:num_chars], text[num_chars:]
+            num_chars -= len(head)
+            if head:
+                sys.stdout.write(f"{colour}{head}{RESET}" if self.colour and colour else head)
+            if tail:
+                rest.append((tail, colour))
+        self.pending = rest if not self.stopped else []
+        sys.stdout.flush()
 
     def finish(self) -> None:
-        sys.stdout.write(self.stream.flush() + "\n")
+        if not self.stopped:
+            self._emit(self.stream.flush(), "")
+            self._release(sum(len(t) for t, _ in self.pending))
+        sys.stdout.write("\n")
         sys.stdout.flush()
+
+
+def _held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that is the beginning of a stop string."""
+    return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
+               default=0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from minispec.generate import main
 
@@ -57,7 +58,7 @@ def test_dropout_p_auto_reports_the_calibrated_p_in_json_and_stats(real_ckpt, ca
 def test_streaming_with_colours_prints_the_same_text(real_ckpt, capsys):
     code, plain, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12")
     code2, shown, err = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12",
-                                "--draft", "self:bf16", "--show", "--stats")
+                                "--draft", "self:bf16", "--show", "--color", "always", "--stats")
     assert code == code2 == 0
     strip = lambda s: s.replace("\033[32m", "").replace("\033[31m", "").replace("\033[34m", "").replace("\033[0m", "")
     assert strip(shown) == plain and "\033[32m" in shown  # some drafts were accepted and shown green
@@ -83,11 +84,15 @@ def test_trace_with_json_keeps_stdout_one_json_object(real_ckpt, capsys):
     assert "decision exact:" in err  # the steps went to stderr
 
 
-def test_help_shows_the_defaults(capsys):
+def test_help_shows_the_defaults_and_the_equivalent_flags_elsewhere(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["-h"])
     assert exit_info.value.code == 0
-    assert "(default: 5)" in " ".join(capsys.readouterr().out.split())  # --gamma's
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 5)" in text  # --gamma's
+    assert "(default: exact)" in text and "(default: auto)" in text  # --policy's, --kernels'
+    for name in ("num_speculative_tokens", "--draft-max", "num_assistant_tokens", "--draft-p-min", "max_tokens"):
+        assert name in text
 
 
 @pytest.mark.parametrize(
@@ -129,5 +134,146 @@ def test_missing_checkpoint_is_one_line_without_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "minispec.generate", "--ckpt", str(tmp_path / "nowhere")],
                           capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("minispec.generate: error: ") and "not a directory" in proc.stderr
+    assert proc.stderr.startswith("minispec.generate: error: ") and "no such folder" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_chat_template_is_used_by_default_and_raw_turns_it_off(real_ckpt, capsys):
+    """An instruct checkpoint with a chat template gets its prompt wrapped by default (llama.cpp's
+    habit); --raw feeds the text as it is."""
+    runs = {}
+    for mode in ([], ["--chat"], ["--raw"]):
+        code, out, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--max-new-tokens", "1", "--json", *mode)
+        assert code == 0
+        runs[" ".join(mode)] = json.loads(out)["prompt_tokens"]
+    assert runs[""] == runs["--chat"] > runs["--raw"] == len(__import__("minispec").load_tokenizer(real_ckpt)
+                                                              .encode("What is the capital of France?"))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gamma", "3"], "--gamma: applies only to speculative decoding; expected a --draft"),
+        (["--policy", "sampling"], "--policy: applies only to speculative decoding"),
+        (["--trace"], "--trace: applies only to speculative decoding"),
+        (["--draft-length", "heuristic"], "--draft-length: applies only to speculative decoding"),
+        (["--draft", "ngram", "--paths", "3"], "--paths: a DropMatch setting; expected --policy dropmatch"),
+        (["--draft", "ngram", "--dropout-p", "auto"], "--dropout-p: a DropMatch setting"),
+        (["--draft", "ngram", "--policy", "dropmatch", "--agreement", "0.5"],
+         "--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto"),
+        (["--top-k", "5"], "--top-k: applies only when sampling; expected --temperature > 0"),
+        (["--top-p", "0.9", "--temperature", "0"], "--top-p: applies only when sampling"),
+        (["--json", "--show"], "--show: --json prints one JSON object"),
+        (["--json", "--stats"], "--stats: --json prints one JSON object"),
+        (["--color", "always"], "--color: says when --show colours the text; expected --show"),
+        (["--raw", "--system", "be brief"], "--system: a chat-template message; expected chat mode, not --raw"),
+        (["--stop", ""], "--stop '': an empty stop string"),
+        (["--draft", "ngram", "--draft-p-min", "0.5"], "--draft-p-min"),
+        (["--prompt-file", "/nonexistent/prompt.txt"], "--prompt-file /nonexistent/prompt.txt: cannot be read"),
+        (["--chat", "--raw"], "argument --raw: not allowed with argument --chat"),
+    ],
+)
+def test_a_flag_that_cannot_apply_is_an_error_that_says_why(real_ckpt, capsys, argv, message):
+    try:
+        code = main(["--ckpt", str(real_ckpt), "--max-new-tokens", "2", *argv])
+    except SystemExit as exit_info:  # argparse's own errors exit from parse_args
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert message in err and err.count("\n") == 1 and err.startswith("minispec.generate: error: ")
+
+
+def test_colour_only_on_a_terminal_unless_asked(real_ckpt, capsys, monkeypatch):
+    """--show colours a terminal; into a pipe (capsys is not a terminal) only with --color always;
+    NO_COLOR turns auto off even on a terminal."""
+    common = ("--ckpt", str(real_ckpt), "--max-new-tokens", "10", "--draft", "self:bf16", "--show")
+    _, piped, _ = run_cli(capsys, *common)
+    _, forced, _ = run_cli(capsys, *common, "--color", "always")
+    assert "\033[" not in piped and "\033[32m" in forced
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    _, tty, _ = run_cli(capsys, *common)
+    monkeypatch.setenv("NO_COLOR", "1")
+    _, no_color, _ = run_cli(capsys, *common)
+    _, never, _ = run_cli(capsys, *common, "--color", "never")
+    assert tty == forced and no_color == never == piped
+
+
+def test_prompt_file_and_stdin_equal_the_prompt_flag(real_ckpt, capsys, tmp_path, monkeypatch):
+    import io
+
+    prompt = "Name three colours.\nOne per line: ü, 日本."
+    (tmp_path / "p.txt").write_text(prompt, encoding="utf-8")
+    common = ("--ckpt", str(real_ckpt), "--max-new-tokens", "4", "--json")
+    outs = [run_cli(capsys, *common, "--prompt", prompt)[1], run_cli(capsys, *common, "--prompt-file", str(tmp_path / "p.txt"))[1]]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(prompt))
+    outs.append(run_cli(capsys, *common, "--prompt-file", "-")[1])
+    runs = [json.loads(out) for out in outs]
+    assert [(r["prompt_tokens"], r["tokens"]) for r in runs] == [(runs[0]["prompt_tokens"], runs[0]["tokens"])] * 3
+
+
+def test_finish_reason_in_json(real_ckpt, capsys):
+    common = ("--ckpt", str(real_ckpt), "--json")
+    assert json.loads(run_cli(capsys, *common, "--max-new-tokens", "3")[1])["finish_reason"] == "length"
+    done = json.loads(run_cli(capsys, *common, "--max-new-tokens", "60")[1])  # "The capital of France is Paris." + eos
+    assert done["finish_reason"] == "eos" and len(done["tokens"]) < 60
+
+
+@pytest.mark.parametrize("draft", [[], ["--draft", "ngram", "--gamma", "4"]])
+def test_stop_strings_end_the_text_before_them_streamed_or_not(real_ckpt, capsys, draft):
+    """--stop S: the text is the unstopped text up to the first S (S left out), finish_reason "stop";
+    the streamed text is the same, S never printed even in part. Stop strings are picked from the
+    unstopped output itself, so they are found wherever they fall."""
+    common = ("--ckpt", str(real_ckpt), "--prompt", "Write a short poem about the sea.", "--max-new-tokens", "40")
+    full = json.loads(run_cli(capsys, *common, "--json")[1])["text"]
+    words = full.split()
+    for stop in (words[len(words) // 2], words[-2] + " " + words[-1][:2]):  # a word; across words
+        want = full[: full.find(stop)]
+        got = json.loads(run_cli(capsys, *common, *draft, "--json", "--stop", stop, "--stop", "never-in-the-text")[1])
+        assert got["text"] == want and got["finish_reason"] == "stop", stop
+        code, streamed, _ = run_cli(capsys, *common, *draft, "--stop", stop)
+        assert code == 0 and streamed == want + "\n", stop
+
+
+class _PieceTokenizer:
+    """Token i decodes to pieces[i]: enough of a tokenizer for the printer."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def stream_decoder(self, skip_special_tokens):
+        tokenizer = self
+
+        class Stream:
+            def push(self, ids):
+                return "".join(tokenizer.pieces[i] for i in ids)
+
+            def flush(self):
+                return ""
+
+        return Stream()
+
+
+@settings(max_examples=300)  # cheap: no model
+@given(pieces=st.lists(st.text("ab ", min_size=0, max_size=3), min_size=1, max_size=12),
+       stops=st.lists(st.text("ab ", min_size=1, max_size=3), min_size=1, max_size=2),
+       accepted=st.lists(st.booleans(), min_size=12, max_size=12), colour=st.booleans())
+def test_streamed_text_with_stop_strings_is_the_text_cut_before_the_first(pieces, stops, accepted, colour):
+    """Whatever the pieces and stop strings: the printer holds back what may start a stop string
+    and prints exactly the full text cut before the first stop string (StopStrings.cut)."""
+    import io
+
+    from minispec.generate import RESET, StopStrings, _Printer
+
+    out, saved = io.StringIO(), sys.stdout
+    sys.stdout = out
+    try:
+        printer = _Printer(_PieceTokenizer(pieces), colour=colour, stops=tuple(stops))
+        for i in range(len(pieces)):
+            printer.push([i], int(accepted[i]), 1)  # accepted: green; else a correction, red
+        printer.finish()
+    finally:
+        sys.stdout = saved
+    printed = out.getvalue()
+    for code in ("\033[32m", "\033[31m", "\033[34m", RESET):
+        printed = printed.replace(code, "")
+    assert printed == StopStrings(None, tuple(stops)).cut("".join(pieces)) + "\n"
