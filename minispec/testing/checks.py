@@ -7,9 +7,11 @@
     check_cache(MyCache)                             # a class with KVCache's constructor
 
 Each check runs hypothesis properties on random tiny Llama/Qwen3 models (float64) under the
-active hypothesis profile (MINISPEC_PROFILE=dev|ci|thorough when run from minispec's tests;
-otherwise whatever profile you loaded). A failure raises CheckFailed whose message names the
-check, what was expected and what happened, followed by hypothesis' falsifying example.
+active hypothesis profile (MINISPEC_PROFILE=dev|ci|thorough after `load_profile()`, or whatever
+profile you loaded; with none loaded, minispec's dev size), never with a deadline: the checks
+time nothing. Each check prints one progress line to stderr as it ends (progress=False: none).
+A failure raises CheckFailed whose message names the check, what was expected and what
+happened, followed by hypothesis' falsifying example.
 
 Policy checks (a policy is an AcceptancePolicy subclass; see minispec/acceptance/base.py):
   validation          malformed inputs (shapes, vocab bounds) are rejected, not half-used
@@ -28,10 +30,12 @@ Policy checks (a policy is an AcceptancePolicy subclass; see minispec/acceptance
 
 from __future__ import annotations
 
+import sys
+import time
 from typing import Callable
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
@@ -49,23 +53,41 @@ class CheckFailed(AssertionError):
     """An invariant does not hold for the code under test; the message says which and why."""
 
 
-def _run(label: str, check: Callable[[], None]) -> None:
+def _run(label: str, check: Callable[[], None], progress: bool = True) -> None:
+    started = time.perf_counter()
     try:
         check()
     except Exception as err:  # hypothesis re-raises the property's own error after shrinking
         detail = str(err).strip() or type(err).__name__
+        if progress:
+            print(f"minispec.testing: {label} FAILED ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
         raise CheckFailed(f"{label}: {detail}") from err
+    if progress:
+        print(f"minispec.testing: {label} ok ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+
+
+def check_settings() -> settings:
+    """The hypothesis settings the checks run under: the active profile, with no deadline and no
+    too-slow health check (a tiny model's first call is slow, and the checks time nothing); if no
+    profile was loaded (hypothesis' own default of 100 examples), the size of minispec's dev profile."""
+    from minispec.testing.profiles import PROFILES
+
+    changes = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    if getattr(settings, "_current_profile", None) == "default":
+        changes["max_examples"] = PROFILES["dev"]["max_examples"]
+    return settings(settings(), **changes)
 
 
 # --------------------------------------------------------------------------------- caches
 
 
-def check_cache(cache_factory=KVCache, *, max_len: int = 40) -> None:
+def check_cache(cache_factory=KVCache, *, max_len: int = 40, progress: bool = True) -> None:
     """Run the append / verify-chunk / truncate state machine against `cache_factory`."""
     machine = make_cache_machine(cache_factory, max_len)
     name = getattr(cache_factory, "__name__", repr(cache_factory))
     _run(f"check_cache({name}): cache validity under appends and rollbacks",
-         lambda: run_state_machine_as_test(machine, settings=settings(settings.default, stateful_step_count=20)))
+         lambda: run_state_machine_as_test(machine, settings=settings(check_settings(), stateful_step_count=20)),
+         progress)
 
 
 # ------------------------------------------------------------------------------- policies
@@ -102,15 +124,18 @@ def with_head(policy: AcceptancePolicy, inp: VerifyInput, seed: int) -> VerifyIn
 
 
 def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: bool | None = None,
-                 neutral: dict | None = None, base: str = "exact", statistical: bool = True) -> None:
+                 neutral: dict | None = None, base: str = "exact", statistical: bool = True,
+                 progress: bool = True) -> None:
     """Run every applicable policy invariant (see the module docstring) against `policy_factory`.
 
     lossless: whether the policy claims to preserve the target distribution (default: the
       class's own `lossless` attribute). neutral: kwargs at which a lossy policy should reduce to
       `base` at temperature 0 (e.g. {"p": 0.0} for DropMatch). statistical=False skips the two
-      sampling-based losslessness checks (they take a few seconds each).
+      sampling-based losslessness checks (they take a few seconds each). progress: one line per
+      check on stderr.
     """
     policy = policy_factory()
+    quick = check_settings()
     name = type(policy).__name__
     claims_lossless = policy.lossless if lossless is None else lossless
 
@@ -120,6 +145,7 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
         p.reset()
         return p, with_head(p, inp, seed)
 
+    @quick
     @given(inp=verify_inputs(), seed=seeds)
     def decision_range(inp, seed):
         p, inp = fresh_input(inp, seed)
@@ -128,6 +154,7 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
         assert 0 <= d.num_accepted <= inp.gamma, f"num_accepted = {d.num_accepted} with gamma = {inp.gamma}"
         assert 0 <= d.next_token < vocab, f"next_token = {d.next_token} outside [0, {vocab})"
 
+    @quick
     @given(inp=verify_inputs(), seed=seeds, gen_seed=seeds)
     def determinism(inp, seed, gen_seed):
         decisions = []
@@ -157,6 +184,7 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
                                   f"PolicyInputError from the input check (AcceptancePolicy.__call__ runs it)") from None
             raise CheckFailed(f"{name} accepted {what} without raising")
 
+    @quick
     @given(cfg=model_configs(vocab_size=12), seed=seeds, gamma=st.integers(1, 5),
            prompt=st.lists(st.integers(0, 5), min_size=1, max_size=10))
     def greedy_equals_plain(cfg, seed, gamma, prompt):
@@ -184,8 +212,11 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
             observed = torch.zeros(vocab, dtype=torch.float64)
             for x in range(vocab):  # exact over the draft token, weight q(x)
                 counts = torch.zeros(vocab, dtype=torch.float64)
-                for coin in range(coins):  # Monte Carlo over the policy's own coins
-                    policy_, inp = verify_input(x, coin)
+                inp = verify_input(x, 0)[1]
+                for coin in range(coins):  # Monte Carlo over the policy's own coins: a fresh policy each
+                    policy_ = policy_factory()
+                    policy_.reset()
+                    inp.generator = torch.Generator().manual_seed(coin)
                     d = policy_(inp)
                     counts[x if d.num_accepted >= 1 else d.next_token] += 1
                 observed += float(q_draft[0, x]) * counts
@@ -218,6 +249,7 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
                     f"{temperature} (chi-square p-value {pv:.2g}; e.g. {list(worst)}: expected {probs[worst]:.3f}, "
                     f"observed {counts.get(worst, 0) / runs:.3f})")
 
+    @quick
     @given(cfg=model_configs(vocab_size=12), seed=seeds, gamma=st.integers(1, 5),
            prompt=st.lists(st.integers(0, 5), min_size=1, max_size=10))
     def neutral_is_base(cfg, seed, gamma, prompt):
@@ -230,16 +262,16 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
             assert got.stats["accepted_length_histogram"] == want.stats["accepted_length_histogram"], \
                 f"accepted lengths {got.stats['accepted_length_histogram']} != {base}'s"
 
-    _run(f"check_policy({name}): validation", validation)
-    _run(f"check_policy({name}): decision_range", decision_range)
-    _run(f"check_policy({name}): determinism", determinism)
+    _run(f"check_policy({name}): validation", validation, progress)
+    _run(f"check_policy({name}): decision_range", decision_range, progress)
+    _run(f"check_policy({name}): determinism", determinism, progress)
     if claims_lossless:
-        _run(f"check_policy({name}): greedy_equals_plain", greedy_equals_plain)
+        _run(f"check_policy({name}): greedy_equals_plain", greedy_equals_plain, progress)
         if statistical:
-            _run(f"check_policy({name}): one_step_lossless", one_step_lossless)
-            _run(f"check_policy({name}): multi_step_lossless", multi_step_lossless)
+            _run(f"check_policy({name}): one_step_lossless", one_step_lossless, progress)
+            _run(f"check_policy({name}): multi_step_lossless", multi_step_lossless, progress)
     if neutral is not None:
-        _run(f"check_policy({name}): neutral_is_base", neutral_is_base)
+        _run(f"check_policy({name}): neutral_is_base", neutral_is_base, progress)
 
 
 def _fixed_input() -> VerifyInput:
