@@ -1,14 +1,27 @@
 """Shared fixtures and the hypothesis profiles.
 
 MINISPEC_PROFILE selects the profile: dev (default, quick), ci (derandomized, what .ci/run
-uses), thorough (many examples, for a nightly-style run).
+uses), thorough (many examples, for a nightly-style run). `--device cuda` (or MINISPEC_DEVICE=cuda)
+runs tests/test_device.py's loop properties on that device.
 """
+
+import os
 
 import pytest
 
 from minispec.testing import load_profile
 
 load_profile()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default=None,
+                     help="torch device for tests/test_device.py (default: $MINISPEC_DEVICE, else cpu)")
+
+
+def pytest_configure(config):
+    if config.getoption("--device"):
+        os.environ["MINISPEC_DEVICE"] = config.getoption("--device")
 
 
 @pytest.fixture(scope="session")

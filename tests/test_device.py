@@ -1,7 +1,7 @@
 """The loop on another device: every tensor it, the drafters and the policies create follows the
 target's device. Runs on MINISPEC_DEVICE (default cpu), e.g.
 
-    MINISPEC_DEVICE=cuda python -m pytest tests/test_device.py
+    MINISPEC_DEVICE=cuda python -m pytest tests/test_device.py     (or: python -m pytest --device cuda ...)
 
 Tiny random models in float64 (exactness properties), moved to the device after they are drawn
 on the CPU (so the weights are the same on every device).
@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from minispec import acceptance
 from minispec.acceptance.dropmatch_calibrate import MeasuredAgreement
+from minispec.drafters import make_drafter
 from minispec.speculative import generate
 from minispec.testing import model_configs, random_model, seeds
 
@@ -33,16 +34,22 @@ def on_device(cfg, seed: int, scale: float = 3.0):
 @given(cfg=model_configs(max_layers=3), seed=seeds, gamma=st.integers(1, 5),
        draft=st.sampled_from(["ngram:2", "model", "early-exit:1", "self:bf16"]),
        policy=st.sampled_from(["exact", "dropmatch", "dropmatch-lazy"]),
+       draft_length=st.sampled_from(["fixed", "heuristic"]), p_min=st.sampled_from([0.0, 0.6]),
        prompt=st.lists(st.integers(0, 5), min_size=1, max_size=8))
-def test_speculative_greedy_equals_plain_greedy_on_the_device(cfg, seed, gamma, draft, policy, prompt):
-    """exact, and DropMatch at p = 0, at T = 0: the target's own greedy tokens, on DEVICE."""
+def test_speculative_greedy_equals_plain_greedy_on_the_device(cfg, seed, gamma, draft, policy, draft_length, p_min,
+                                                              prompt):
+    """exact, and DropMatch at p = 0, at T = 0, with either draft length and confidence cut-off: the
+    target's own greedy tokens, on DEVICE."""
     target = on_device(cfg, seed)
     drafter = on_device(cfg, seed + 1) if draft == "model" else draft
     if draft.startswith("early-exit") and cfg.num_layers < 2:
         drafter = "ngram:2"  # an early exit needs a block to skip
+    if p_min and not (draft == "ngram:2" or drafter == "ngram:2"):  # the n-gram drafter has no confidence to cut at
+        drafter = make_drafter(drafter, target, p_min=p_min)
     plain = generate(target, prompt, max_new_tokens=10, eos_token_ids=[]).tokens
     chosen = policy if policy == "exact" else acceptance.get(policy, p=0.0)
-    spec = generate(target, prompt, max_new_tokens=10, draft=drafter, policy=chosen, gamma=gamma, eos_token_ids=[])
+    spec = generate(target, prompt, max_new_tokens=10, draft=drafter, policy=chosen, gamma=gamma, eos_token_ids=[],
+                    draft_length=draft_length)
     assert spec.tokens == plain
 
 
