@@ -342,14 +342,18 @@ class StopStrings:
     """The loop's stop_when for --stop: true once the decoded text contains any of the strings.
 
     The text is decoded as the output is (special tokens skipped); `cut` ends it before the first
-    stop string, as vLLM and llama.cpp's server return it.
+    stop string, as vLLM and llama.cpp's server return it. Called after every token, it decodes
+    only the last few tokens: a stop string that ends with the newest token spans at most 4 bytes
+    (one byte-level BPE token at least) per character, and every earlier token was checked when it
+    was newest.
     """
 
     def __init__(self, tokenizer, strings: tuple[str, ...]) -> None:
         self.tokenizer, self.strings = tokenizer, strings
+        self.window = 4 * max((len(s) for s in strings), default=0) + 1  # tokens decoded per check
 
     def __call__(self, tokens: list[int]) -> bool:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = self.tokenizer.decode(tokens[-self.window:], skip_special_tokens=True)
         return any(s in text for s in self.strings)
 
     def cut(self, text: str) -> str:

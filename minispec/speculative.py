@@ -232,13 +232,15 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         cache.truncate(len(seq) + n)
         drafter.rollback(len(seq) + n)
 
-        # Stop at the first eos, stop condition or max_new_tokens, even in the middle of an accepted run.
-        for i in range(len(emitted)):
-            reason = finish_reason(tokens + emitted[: i + 1], eos, max_new_tokens, stop_when)
+        # Commit one token at a time: stop at the first eos, stop condition or max_new_tokens, even in
+        # the middle of an accepted run.
+        num_before = len(tokens)
+        for token in emitted:
+            tokens.append(token)
+            reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
             if reason is not None:
-                emitted = emitted[: i + 1]
                 break
-        tokens.extend(emitted)
+        emitted = tokens[num_before:]
         if on_tokens is not None:
             on_tokens(emitted, min(n, len(emitted)), g)
         if on_step is not None:

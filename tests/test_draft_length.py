@@ -14,7 +14,7 @@ from minispec.drafters import ModelDrafter, NgramDrafter, confidence, make_draft
 from minispec.errors import MinispecError
 from minispec.sampling import SamplingParams
 from minispec.speculative import generate
-from minispec.testing import model_configs, random_model, seeds, tiny_config
+from minispec.testing import loop_setups, model_configs, random_model, seeds, tiny_config
 
 DRAFT_KINDS = ["same", "random", "ngram", "early-exit", "self:bf16"]
 
@@ -27,13 +27,6 @@ def build_draft(kind, target, seed, p_min=0.0):
             "early-exit": "early-exit:1" if target.config.num_layers > 1 else target}.get(kind, kind)
     return make_drafter(spec, target, p_min=p_min)
 
-
-@st.composite
-def setups(draw, max_layers=2):
-    cfg = draw(model_configs(max_layers=max_layers))
-    seed = draw(seeds)
-    prompt = draw(st.lists(st.integers(0, min(cfg.vocab_size, 6) - 1), min_size=1, max_size=16))
-    return cfg, seed, prompt
 
 
 def one_line(err):
@@ -126,7 +119,7 @@ class Recorded(Heuristic):
         super().update(num_drafted, num_accepted)
 
 
-@given(setup=setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20),
+@given(setup=loop_setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20),
        schedule=st.sampled_from(["fixed", "heuristic"]), p_min=st.sampled_from([0.0, 0.3, 0.7, 1.0]))
 def test_adaptive_greedy_equals_plain_greedy(setup, gamma, kind, n_new, schedule, p_min):
     """Whatever the schedule and the cut-off, exact speculative greedy emits plain greedy's tokens."""
@@ -144,7 +137,7 @@ def test_adaptive_greedy_equals_plain_greedy(setup, gamma, kind, n_new, schedule
 
 
 @settings(max_examples=15)
-@given(setup=setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20),
+@given(setup=loop_setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20),
        start=st.integers(1, 6), p_min=st.sampled_from([0.0, 0.5]))
 def test_the_loop_asks_the_schedule_and_reports_every_step(setup, gamma, kind, n_new, start, p_min):
     """Each step drafts at most what the schedule said (fewer only near max_new_tokens or when the

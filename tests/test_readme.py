@@ -18,7 +18,7 @@ def python_blocks() -> list[str]:
 @pytest.mark.parametrize("index", range(len(python_blocks())))
 def test_python_examples_run_as_written(index, real_ckpt, tmp_path):  # real_ckpt: the default checkpoint is in place
     """Each block alone, in a fresh interpreter, in an empty folder: nothing from the repository's
-    root or from this test session (no hypothesis profile loaded) helps it."""
+    root or from the pytest process (no hypothesis profile loaded) helps it."""
     env = {key: value for key, value in os.environ.items() if key != "MINISPEC_PROFILE"}
     proc = subprocess.run([sys.executable, "-c", python_blocks()[index]], capture_output=True, text=True,
                           cwd=tmp_path, env=env)

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from minispec import acceptance
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.speculative import StepRecord, generate
-from minispec.testing import model_configs, random_model, seeds, tiny_config
+from minispec.testing import loop_setups, random_model, tiny_config
 from minispec.testing.cache_watch import watch_caches
 
 DRAFT_KINDS = ["same", "random", "ngram", "early-exit", "self:bf16"]
@@ -30,16 +30,8 @@ def build_draft(kind, target, seed):
     return kind
 
 
-@st.composite
-def setups(draw, max_layers=2):
-    cfg = draw(model_configs(max_layers=max_layers))
-    seed = draw(seeds)
-    # repetitive prompts give the n-gram drafter something to find
-    prompt = draw(st.lists(st.integers(0, min(cfg.vocab_size, 6) - 1), min_size=1, max_size=16))
-    return cfg, seed, prompt
 
-
-@given(setup=setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20))
+@given(setup=loop_setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20))
 def test_speculative_exact_equals_plain_greedy(setup, gamma, kind, n_new):
     cfg, seed, prompt = setup
     target = random_model(cfg, seed, scale=3.0)  # peaky distributions: long greedy agreements
@@ -57,7 +49,7 @@ def test_speculative_exact_equals_plain_greedy(setup, gamma, kind, n_new):
 
 
 @settings(max_examples=10)
-@given(setup=setups(), gamma=st.integers(1, 5), kind=st.sampled_from(["random", "ngram", "early-exit"]),
+@given(setup=loop_setups(), gamma=st.integers(1, 5), kind=st.sampled_from(["random", "ngram", "early-exit"]),
        policy=st.sampled_from(["exact", "sampling", "typical", "dropmatch"]), temperature=st.sampled_from([0.0, 1.0]))
 def test_both_caches_equal_recomputation_after_every_step(setup, gamma, kind, policy, temperature):
     cfg, seed, prompt = setup
@@ -99,7 +91,7 @@ def test_eos_stops_inside_an_accepted_run():
 
 
 @settings(max_examples=15)
-@given(setup=setups(), gamma=st.integers(1, 5), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(2, 16),
+@given(setup=loop_setups(), gamma=st.integers(1, 5), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(2, 16),
        cut=st.integers(0, 15))
 def test_stop_when_ends_at_the_first_token_that_satisfies_it(setup, gamma, kind, n_new, cut):
     """A stop condition ends the run at the first token where it holds, even inside an accepted run,
@@ -140,7 +132,7 @@ def test_clear_errors():
 
 
 @settings(max_examples=25)
-@given(setup=setups(), gamma=st.integers(1, 5), kind=st.sampled_from(["random", "ngram", "early-exit"]),
+@given(setup=loop_setups(), gamma=st.integers(1, 5), kind=st.sampled_from(["random", "ngram", "early-exit"]),
        policy=st.sampled_from(["exact", "sampling", "dropmatch"]), temperature=st.sampled_from([0.0, 1.0]),
        n_new=st.integers(1, 14))
 def test_step_records_account_for_every_token_and_rollback(setup, gamma, kind, policy, temperature, n_new):

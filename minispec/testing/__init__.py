@@ -14,11 +14,11 @@ from minispec.testing.cache_watch import CacheMismatch, assert_cache_matches, wa
 from minispec.testing.checks import CheckFailed, check_cache, check_policy, verify_inputs
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 from minispec.testing.profiles import load_profile
-from minispec.testing.strategies import model_configs, random_model, seeds, tiny_config, token_lists
+from minispec.testing.strategies import loop_setups, model_configs, random_model, seeds, tiny_config, token_lists
 from minispec.testing.tables import decided, verify_input
 
 __all__ = [
     "check_policy", "check_cache", "CheckFailed", "verify_inputs", "make_cache_machine", "watch_caches",
     "assert_cache_matches", "CacheMismatch", "sequence_distribution", "chi_square_p_value", "load_profile",
-    "model_configs", "random_model", "seeds", "tiny_config", "token_lists", "verify_input", "decided",
+    "loop_setups", "model_configs", "random_model", "seeds", "tiny_config", "token_lists", "verify_input", "decided",
 ]

@@ -89,3 +89,13 @@ def token_lists(vocab_size: int, min_size: int = 1, max_size: int = 24):
 
 
 seeds = st.integers(0, 2**31 - 1)
+
+
+@st.composite
+def loop_setups(draw, max_layers: int = 2):
+    """(config, seed, prompt) for a run of the loop: a random tiny model's config, a seed for its
+    weights, and a prompt over the first 6 ids (repetitive, so an n-gram drafter finds matches)."""
+    cfg = draw(model_configs(max_layers=max_layers))
+    seed = draw(seeds)
+    prompt = draw(st.lists(st.integers(0, min(cfg.vocab_size, 6) - 1), min_size=1, max_size=16))
+    return cfg, seed, prompt
