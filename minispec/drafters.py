@@ -235,10 +235,16 @@ def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, 
     if spec is None or isinstance(spec, Drafter):
         if isinstance(spec, NgramDrafter):
             _no_p_min_for_ngram(p_min)
-            spec.vocab_size = spec.vocab_size or vocab
+            if spec.vocab_size is None:  # the target's vocabulary, for this run only: the object stays reusable
+                spec = copy.copy(spec)
+                spec.vocab_size = vocab
+                return spec
+            _check_vocab(spec.vocab_size, vocab, f"NgramDrafter(vocab_size={spec.vocab_size})")
         elif spec is not None and p_min > 0:
             raise MinispecError(f"--draft-p-min = {p_min} given with a drafter object; expected it in the drafter's "
                                 f"own constructor (ModelDrafter(..., p_min=...))")
+        if isinstance(spec, ModelDrafter):
+            _check_vocab(spec.model.config.vocab_size, vocab, f"ModelDrafter({spec.name})")
         return spec
     if isinstance(spec, Transformer):
         _check_vocab(spec.config.vocab_size, vocab, "draft model")

@@ -21,6 +21,7 @@ A target pass over g+1 tokens costs about as much as over 1 when decoding is mem
 from __future__ import annotations
 
 import time
+from numbers import Integral
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -103,18 +104,18 @@ def generate(
     Randomness comes only from torch.Generators seeded with `seed`: same seed, same tokens.
     """
     params = SamplingParams(temperature, top_k, top_p)
-    eos = set(target.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
+    prompt = _check_prompt(target, prompt_ids, max_new_tokens)
+    eos = set(target.config.eos_token_ids if eos_token_ids is None else _check_eos(target, eos_token_ids))
     drafter = make_drafter(draft, target)
     if drafter is None:
-        prompt = _check_prompt(target, prompt_ids, max_new_tokens, extra=0)
         return plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_tokens, stop_when)
-    if not isinstance(gamma, int) or gamma < 1:
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise MinispecError(f"gamma = {gamma!r}; expected an integer >= 1")
-    prompt = _check_prompt(target, prompt_ids, max_new_tokens, extra=gamma + 1)
-    return speculative_decode(target, drafter, acceptance.get(policy), gamma, prompt, max_new_tokens,
-                              params, generator, eos, on_tokens, on_step, stop_when,
-                              draft_lengths.get(draft_length, gamma))
+    policy = acceptance.get(policy)
+    policy.reset(seed)  # a policy with its own randomness (DropMatch's masks) derives it from the run's seed
+    return speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,
+                              on_tokens, on_step, stop_when, draft_lengths.get(draft_length, gamma))
 
 
 def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
@@ -169,13 +170,14 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
     draft_length: a DraftLength of at most gamma tokens (None: Fixed(gamma), gamma every step).
     """
     draft_length = draft_length or draft_lengths.Fixed(gamma)
-    max_len = len(prompt) + max_new_tokens + gamma + 1
+    # The cache never holds the last token (nobody scores it), and a step never drafts past
+    # max_new_tokens (below), so prompt + max_new_tokens positions are always enough.
+    max_len = len(prompt) + max_new_tokens
     cache = target.new_cache(1, max_len)
     drafter.start(max_len, target_cache=cache)  # a drafter that can may draft on the target's cache
-    policy.reset()
     draft_length.reset()
     timer = PhaseTimer("draft", "verify", "policy")
-    steps = StepStats(gamma)
+    steps = StepStats(max(1, min(gamma, max_new_tokens - 1)))  # no step drafts more than that
 
     # Prefill: score the prompt; its last row gives the first new token, exactly as in plain decoding.
     t0 = time.perf_counter()
@@ -224,7 +226,6 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
             decision = policy(inp)
         n = decision.num_accepted
         emitted = draft.tokens[:n] + [decision.next_token]  # accepted prefix + correction/bonus
-        steps.record(g, n, decision.info)
         draft_length.update(g, n)  # an adaptive schedule learns from what was accepted
 
         # 4. Roll back: the target cache holds seq[:-1] + [last, d_1..d_g]; keep through d_n.
@@ -241,13 +242,20 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
             if reason is not None:
                 break
         emitted = tokens[num_before:]
+        # 5. Stats count what was committed: a step cut short by an eos or stop inside its accepted
+        # run counts as a draft of the committed length, all accepted (what came after the end
+        # was never emitted, so it was neither accepted nor rejected).
+        if len(emitted) <= n:
+            steps.record(len(emitted), len(emitted), decision.info, num_emitted=len(emitted))
+        else:
+            steps.record(g, n, decision.info)
         if on_tokens is not None:
             on_tokens(emitted, min(n, len(emitted)), g)
         if on_step is not None:
             on_step(StepRecord(steps.num_steps - 1, inp, decision, emitted, (verified_length, cache.length),
                                drafter.cache_length))
 
-    # 5. Stats: tau, acceptance and the time split (minispec.stats defines each figure).
+    # Stats: tau, acceptance and the time split (minispec.stats defines each figure).
     stats = timing_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0)
     stats.update(steps.summary())
     stats.update(
@@ -278,21 +286,51 @@ def score(head: Callable[[torch.Tensor], torch.Tensor], policy: AcceptancePolicy
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def _check_prompt(target: Transformer, prompt_ids: Sequence[int], max_new_tokens: int, extra: int) -> list[int]:
-    """Validate inputs with one-line errors; return the prompt as a list of ints."""
-    prompt = [int(t) for t in prompt_ids]
+def _check_prompt(target: Transformer, prompt_ids, max_new_tokens: int) -> list[int]:
+    """Validate the prompt and max_new_tokens with one-line errors; return the prompt as a list of ints.
+
+    prompt_ids: a sequence of ints or a 1-D integer tensor (batch size 1), each 0 <= id < vocab_size.
+    """
     vocab = target.config.vocab_size
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex \
+                or prompt_ids.dtype == torch.bool:
+            raise MinispecError(f"prompt_ids: a {prompt_ids.dim()}-D {prompt_ids.dtype} tensor; expected a 1-D integer "
+                                f"tensor or a list of token ids (batch size 1: pass one row)")
+        prompt_ids = prompt_ids.tolist()
+    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+        raise MinispecError(f"prompt_ids: {type(prompt_ids).__name__}; expected a list of token ids "
+                            f"(encode text with the tokenizer first: tokenizer.encode(text))")
+    bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, Integral)), None)
+    if bad is not None:
+        raise MinispecError(f"prompt_ids: {bad!r} ({type(bad).__name__}); expected integer token ids")
+    prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise MinispecError("prompt_ids: empty; expected at least one token id")
     bad = next((t for t in prompt if not 0 <= t < vocab), None)
     if bad is not None:
         raise MinispecError(f"prompt_ids: token id {bad} out of range; expected 0 <= id < vocab_size={vocab}")
-    if max_new_tokens < 1:
-        raise MinispecError(f"max_new_tokens = {max_new_tokens}; expected an integer >= 1")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 1:
+        raise MinispecError(f"max_new_tokens = {max_new_tokens!r}; expected an integer >= 1")
     limit = target.config.max_position_embeddings
-    if len(prompt) + max_new_tokens + extra > limit:
+    if len(prompt) + max_new_tokens > limit:
         raise CacheOverflowError(
             f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
             f"max_position_embeddings={limit} (config.json)"
         )
     return prompt
+
+
+def _check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**64:
+        raise MinispecError(f"seed = {seed!r}; expected an integer 0 <= seed < 2**64")
+    return int(seed)
+
+
+def _check_eos(target: Transformer, eos_token_ids) -> list[int]:
+    vocab = target.config.vocab_size
+    ids = list(eos_token_ids) if isinstance(eos_token_ids, (list, tuple, set, frozenset)) else None
+    if ids is None or any(isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t < vocab for t in ids):
+        raise MinispecError(f"eos_token_ids = {eos_token_ids!r}; expected a list of token ids, "
+                            f"each 0 <= id < vocab_size={vocab} ([] never stops early)")
+    return [int(t) for t in ids]

@@ -1,13 +1,16 @@
 """What the loop counts: tau, acceptance, where drafts fail, and where the time goes.
 
-Per verify step the loop records how many tokens were drafted (g) and how many of them the policy
-accepted (n); the step then emits n + 1 tokens (the accepted drafts, then the correction or the
-bonus token). Over a generation:
+Per verify step the loop records how many tokens were drafted (g), how many of them the policy
+accepted (n), and how many tokens the step emitted (e): normally e = n + 1 (the accepted drafts,
+then the correction or the bonus token). The one exception is the last step, when an eos or a stop
+condition falls inside its accepted run: it emits only the e <= n drafts up to the end, and counts
+as a draft of e tokens, all accepted (what came after the end was never emitted). So
+sum e = generated tokens - 1 (the first one comes from the prefill) exactly. Over a generation:
 
-    tau                       = (sum n + steps) / steps     tokens per verify step, INCLUDING the
+    tau                       = sum e / steps               tokens per verify step, INCLUDING the
                                                             correction/bonus token: 1 <= tau <= gamma+1
                                                             (the convention of the DropMatch paper and vLLM)
-    tau_drafted               = (sum n + drafted steps) / drafted steps, over the steps with g > 0
+    tau_drafted               = sum e / drafted steps, over the steps with g > 0
                                                             only: the mean accepted length as vLLM and
                                                             llama.cpp report it (a step where an n-gram
                                                             drafter found nothing is a plain decode step)
@@ -42,16 +45,22 @@ class StepStats:
         self.drafted_steps = 0  # steps with at least one draft token
         self.num_drafted = 0
         self.num_accepted = 0
+        self.num_emitted = 0
+        self.emitted_in_drafted_steps = 0
         self.proposed_at = [0] * gamma  # how often position i (0-based) was drafted
         self.accepted_at = [0] * gamma  # ... and accepted
         self.histogram = [0] * (gamma + 1)  # steps with drafts, by number of accepted drafts
         self.policy_info: dict[str, Number] = {}  # totals of the policies' numeric Decision.info
 
-    def record(self, num_drafted: int, num_accepted: int, info: dict) -> None:
+    def record(self, num_drafted: int, num_accepted: int, info: dict, num_emitted: int | None = None) -> None:
+        """One verify step: g drafted, n accepted, e emitted (default n + 1; see the module docstring)."""
+        num_emitted = num_accepted + 1 if num_emitted is None else num_emitted
         self.num_steps += 1
         self.drafted_steps += num_drafted > 0
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
+        self.num_emitted += num_emitted
+        self.emitted_in_drafted_steps += num_emitted if num_drafted > 0 else 0
         if num_drafted > 0:
             self.histogram[num_accepted] += 1
         for i in range(num_drafted):
@@ -64,11 +73,11 @@ class StepStats:
     def summary(self) -> dict:
         return {
             "verify_steps": self.num_steps,
-            # emitted per step = accepted drafts + 1 correction/bonus token
-            "tau": (self.num_accepted + self.num_steps) / self.num_steps if self.num_steps else 1.0,
+            # emitted per step = accepted drafts + 1 correction/bonus token (fewer only if the run ended inside it)
+            "tau": self.num_emitted / self.num_steps if self.num_steps else 1.0,
             "drafted_steps": self.drafted_steps,
             # the same over the steps that drafted something (vLLM's and llama.cpp's mean accepted length)
-            "tau_drafted": (self.num_accepted + self.drafted_steps) / self.drafted_steps if self.drafted_steps else None,
+            "tau_drafted": self.emitted_in_drafted_steps / self.drafted_steps if self.drafted_steps else None,
             "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,

@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from minispec import acceptance
 from minispec.errors import CacheOverflowError, MinispecError
+from minispec.drafters import NgramDrafter, make_drafter
 from minispec.speculative import StepRecord, generate
 from minispec.testing import loop_setups, random_model, tiny_config
 from minispec.testing.cache_watch import watch_caches
@@ -80,14 +81,92 @@ def test_same_seed_same_tokens(policy):
     assert runs[0] != runs[2]  # 20 tokens at T=1 over 32 ids: equal by chance with negligible probability
 
 
-def test_eos_stops_inside_an_accepted_run():
-    target = random_model(tiny_config(), 3, scale=3.0)
-    plain = generate(target, [5, 6, 7], max_new_tokens=12, eos_token_ids=[])
-    eos = plain.tokens[6]
-    stop = plain.tokens.index(eos) + 1
-    spec = generate(target, [5, 6, 7], max_new_tokens=12, draft=target, gamma=5, eos_token_ids=[eos])
-    assert spec.tokens == plain.tokens[:stop]
-    assert spec.finish_reason == "eos"
+@pytest.mark.parametrize("policy", ["dropmatch", "dropmatch-lazy"])
+def test_the_run_seed_reaches_dropmatch_masks(policy):
+    """At T = 0 the only randomness is DropMatch's masks: the same seed gives the same tokens, other
+    seeds (almost surely) others; a policy built with its own seed ignores the run's."""
+    target, draft = random_model(tiny_config(), 0), random_model(tiny_config(), 1)
+
+    def run(run_seed, **options):
+        policy_ = acceptance.get(policy, p=0.6, criterion="naive", **options)
+        return tuple(generate(target, [1, 2, 3], max_new_tokens=20, draft=draft, policy=policy_, seed=run_seed,
+                              eos_token_ids=[]).tokens)
+
+    by_seed = [run(seed) for seed in range(4)]
+    assert run(0) == by_seed[0]
+    assert len(set(by_seed)) > 1, "every run seed gave the same masks"
+    assert len({run(seed, seed=5) for seed in range(4)}) == 1  # its own seed: the run's does not matter
+
+
+def perfect_draft_run(expected_len: int, gamma: int, max_new_tokens: int) -> dict:
+    """The stats of a run whose drafts are all accepted (the target drafts for itself) and which ends
+    after `expected_len` tokens, from minispec.stats' definitions: the prefill gives token 1; each
+    step drafts g = min(gamma, max_new_tokens - generated - 1) and emits g + 1, except a last step
+    cut by an eos inside its accepted run, which counts as a draft of the e tokens it emitted."""
+    generated, steps, drafted, accepted, emitted = 1, 0, 0, 0, 0
+    while generated < expected_len:
+        g = min(gamma, max_new_tokens - generated - 1)
+        e = min(g + 1, expected_len - generated)
+        drafted += g if e == g + 1 else e
+        accepted += g if e == g + 1 else e
+        steps, emitted, generated = steps + 1, emitted + e, generated + e
+    return dict(verify_steps=steps, num_drafted=drafted, num_accepted=accepted,
+                tau=emitted / steps if steps else 1.0)
+
+
+@given(setup=loop_setups(), gamma=st.integers(1, 6), n_new=st.integers(1, 20), at=st.integers(0, 19),
+       self_draft=st.sampled_from(["same", "self:bf16"]))
+def test_eos_inside_an_accepted_run_ends_output_and_stats_exactly_there(setup, gamma, n_new, at, self_draft):
+    """The target (or its bf16 copy) drafting for itself: every step's drafts are accepted, so an eos
+    (any token of the plain greedy output, chosen as the eos) lands inside an accepted run, or on
+    the bonus token, or at max_new_tokens. Output: plain greedy cut at the first eos. Stats: what
+    was committed, computed from their definitions (perfect_draft_run) for the same-model draft,
+    and for any draft: tau x steps = tokens - 1 and no accepted draft beyond the output."""
+    cfg, seed, prompt = setup
+    target = random_model(cfg, seed, scale=3.0)
+    plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
+    eos = plain.tokens[min(at, n_new - 1)]
+    expected = plain.tokens[: plain.tokens.index(eos) + 1]
+    draft = target if self_draft == "same" else self_draft
+    streamed = []
+    out = generate(target, prompt, max_new_tokens=n_new, draft=draft, gamma=gamma, eos_token_ids=[eos],
+                   on_tokens=lambda tokens, num_accepted, g: streamed.append(num_accepted))
+    assert out.tokens == expected
+    assert out.finish_reason == ("eos" if eos in out.tokens else "length")
+    s = out.stats
+    assert s["tau"] * s["verify_steps"] == pytest.approx(len(expected) - 1, abs=1e-9)
+    assert s["num_accepted"] == sum(streamed[1:]) <= len(expected) - 1
+    assert sum(s["accepted_length_histogram"]) == s["drafted_steps"]
+    if self_draft == "same":
+        want = perfect_draft_run(len(expected), gamma, n_new)
+        assert {k: s[k] for k in want} == pytest.approx(want, abs=1e-12)
+        assert s["acceptance_rate"] == (1.0 if s["num_drafted"] else 0.0)
+
+
+@given(setup=loop_setups(), gamma=st.integers(1, 8), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 12),
+       policy=st.sampled_from(["exact", "sampling", "dropmatch"]))
+def test_no_step_drafts_past_max_new_tokens(setup, gamma, kind, n_new, policy):
+    """A step emits at most g drafts + 1 token, so the loop asks for g <= max_new_tokens - generated - 1:
+    a drafter is never asked for tokens that could not be emitted. The caches then need only
+    prompt + max_new_tokens positions (a prompt that fits exactly runs)."""
+    cfg, seed, prompt = setup
+    cfg = cfg.__class__(**{**cfg.__dict__, "max_position_embeddings": len(prompt) + n_new})  # fits exactly
+    target = random_model(cfg, seed, scale=3.0)
+    drafter = make_drafter(build_draft(kind, target, seed), target)
+    asked = []
+    original = drafter.propose
+
+    def recording_propose(context, g, params, generator):
+        asked.append((len(context) - len(prompt), g))  # (tokens generated so far, drafts asked for)
+        return original(context, g, params, generator)
+
+    drafter.propose = recording_propose
+    out = generate(target, prompt, max_new_tokens=n_new, draft=drafter, policy=policy, gamma=gamma,
+                   temperature=0.0, eos_token_ids=[])
+    assert len(out.tokens) == n_new
+    assert all(1 <= g <= n_new - generated - 1 for generated, g in asked), asked
+    if policy != "dropmatch":  # lossless at T = 0
+        assert out.tokens == generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[]).tokens
 
 
 @settings(max_examples=15)
@@ -164,3 +243,22 @@ def test_prompt_longer_than_the_cache():
     with pytest.raises(CacheOverflowError) as err:
         model(torch.tensor([list(range(12))]), cache)
     assert "0 cached + 12 new tokens exceeds max_seq_len=10" in one_line(err)
+
+
+def test_a_drafter_object_follows_or_checks_the_target_vocabulary():
+    """An NgramDrafter built without a vocabulary takes each target's, run by run (it is reusable
+    across models); one built for a vocabulary, or a ModelDrafter, must match the target's."""
+    small = random_model(tiny_config(vocab_size=16), 0, scale=3.0)
+    large = random_model(tiny_config(vocab_size=40), 1, scale=3.0)
+    ngram = NgramDrafter(max_ngram=2)
+    for target in (small, large, small):
+        prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+        out = generate(target, prompt, max_new_tokens=8, draft=ngram, eos_token_ids=[])
+        assert out.tokens == generate(target, prompt, max_new_tokens=8, eos_token_ids=[]).tokens
+    assert ngram.vocab_size is None
+    with pytest.raises(MinispecError) as err:
+        generate(large, [1, 2], max_new_tokens=3, draft=NgramDrafter(vocab_size=16))
+    assert "NgramDrafter(vocab_size=16): vocabulary of 16 tokens != the target's 40" in one_line(err)
+    with pytest.raises(MinispecError) as err:
+        generate(large, [1, 2], max_new_tokens=3, draft=make_drafter(small, small))
+    assert "vocabulary of 16 tokens != the target's 40" in one_line(err)

@@ -30,6 +30,7 @@ CLI's --policy accepts the name.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
@@ -76,8 +77,13 @@ class AcceptancePolicy(ABC):
     name: ClassVar[str] = "?"
     lossless: ClassVar[bool] = False  # True if the output distribution provably equals p_target's
 
-    def reset(self) -> None:
-        """Called at the start of every generation (reseed private generators here)."""
+    def reset(self, seed: int | None = None) -> None:
+        """Called at the start of every generation with the run's seed (None outside a run).
+
+        A policy with randomness of its own (DropMatch's masks) reseeds its generator here, from
+        the seed, so that `generate(seed=s)` fixes every draw of the run. The verify generator,
+        inp.generator, is the loop's and is seeded by the loop.
+        """
 
     def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Rows [n, d] to push through the LM head together with the verify's own rows, or None.
@@ -128,6 +134,11 @@ def check_input(inp: VerifyInput) -> None:
         raise PolicyInputError(f"draft_tokens: ids outside [0, {vocab}): {inp.draft_tokens.tolist()}")
 
 
+def is_number(value) -> bool:
+    """A real number (int or float, not a bool): what a policy's numeric options must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def first_rejection(accepted: torch.Tensor) -> int:
     """Length of the all-True prefix of a [gamma] bool tensor: everything after the first
     rejected draft is discarded, whatever the policy thought of it (the prefix rule)."""
@@ -163,6 +174,13 @@ def get(policy: str | AcceptancePolicy, **kwargs) -> AcceptancePolicy:
         if kwargs:
             raise MinispecError(f"policy: options {sorted(kwargs)} given with a policy object; pass them to its constructor")
         return policy
-    if policy not in _REGISTRY:
+    if not isinstance(policy, str) or policy not in _REGISTRY:
         raise MinispecError(f"policy = {policy!r}: unknown acceptance policy; expected one of {available()}")
-    return _REGISTRY[policy](**kwargs)
+    cls = _REGISTRY[policy]
+    options = [name for name, param in inspect.signature(cls).parameters.items()
+               if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)]
+    unknown = sorted(set(kwargs) - set(options))
+    if unknown:
+        expected = f"its options are {options}" if options else "it takes no options"
+        raise MinispecError(f"policy {policy!r}: unknown option(s) {unknown}; {expected}")
+    return cls(**kwargs)

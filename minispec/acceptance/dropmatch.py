@@ -34,9 +34,11 @@ Our decisions where the paper is silent, each a parameter or stated here:
   so the JS test reads the raw softmax at temperature js_temperature.
 - The draft side of the JS test is softmax(draft_logits / T) when the drafter has logits, else
   q_draft (one-hot for an n-gram drafter). top-k / top-p are not applied to the JS distributions.
-- The masks come from this policy's own torch.Generator (seeded with `seed`, re-seeded by
-  reset()), fresh for every path, position and step; the verify generator is untouched, so at
-  T > 0 the base draws exactly what SpeculativeSampling would.
+- The masks come from this policy's own torch.Generator, fresh for every path, position and step;
+  the verify generator is untouched, so at T > 0 the base draws exactly what SpeculativeSampling
+  would. reset(seed) reseeds it at the start of every run: from the run's seed (generate(seed=...))
+  unless the policy was built with a seed of its own. Its seed is mask_seed(seed), not seed itself:
+  a generator seeded with the same integer as the verify generator would draw the same words.
 - p = 0 draws no masks: every path IS the clean head, bitwise, and the centroid is the clean
   logits (a float mean of K equal rows can be one ulp off, turning a radius of 0 into ~1e-17).
   So at T = 0, DropMatch(p=0) == exact match whenever or_base is set or the criterion has a
@@ -56,13 +58,19 @@ from typing import Callable
 import torch
 
 from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputError, VerifyInput, first_rejection,
-                                      register)
+                                      is_number, register)
 from minispec.acceptance.sampling import correction_or_bonus, sample_acceptances
 from minispec.errors import MinispecError
 from minispec.sampling import greedy_token, sample_token
 
 CRITERIA = ("js_or_majority", "js", "majority", "naive")
+MASK_STREAM = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: keeps the mask stream apart from the verify stream
 MAJORITY_RULES = ("strict", "plurality")
+
+
+def mask_seed(seed: int) -> int:
+    """The mask generator's seed for a run seeded with `seed`: a different stream than the verify's."""
+    return (seed + MASK_STREAM) % 2**64
 
 
 def js_divergence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -111,15 +119,15 @@ class DropMatch(AcceptancePolicy):
     criterion: "js_or_majority" (Algorithm 1), "js", "majority" or "naive"
     majority: "strict" (> K/2 votes) or "plurality" (unique mode)
     or_base: also accept what the base accepts (exact at T = 0, sampling at T > 0); ours
-    seed: seeds the policy's own mask generator; reset() re-seeds it
+    seed: None (default): the masks follow the run's seed (reset(seed)); an int: always this seed
     js_temperature: the JS test's softmax temperature when params.temperature is 0; ours
     """
 
     lossless = False
 
     def __init__(self, p: float = 0.3, paths: int = 5, criterion: str = "js_or_majority", majority: str = "strict",
-                 or_base: bool = True, seed: int = 0, js_temperature: float = 1.0) -> None:
-        if not 0 <= p < 1:
+                 or_base: bool = True, seed: int | None = None, js_temperature: float = 1.0) -> None:
+        if not (is_number(p) and 0 <= p < 1):
             raise MinispecError(f"dropmatch p = {p}; expected 0 <= p < 1")
         if isinstance(paths, bool) or not isinstance(paths, int) or paths < 1:
             raise MinispecError(f"dropmatch paths = {paths!r}; expected an integer >= 1")
@@ -127,14 +135,19 @@ class DropMatch(AcceptancePolicy):
             raise MinispecError(f"dropmatch criterion = {criterion!r}; expected one of {list(CRITERIA)}")
         if majority not in MAJORITY_RULES:
             raise MinispecError(f"dropmatch majority = {majority!r}; expected one of {list(MAJORITY_RULES)}")
-        if not js_temperature > 0:
-            raise MinispecError(f"dropmatch js_temperature = {js_temperature}; expected > 0")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+            raise MinispecError(f"dropmatch seed = {seed!r}; expected None or an integer 0 <= seed < 2**64")
+        if not (is_number(js_temperature) and 0 < js_temperature < float("inf")):
+            raise MinispecError(f"dropmatch js_temperature = {js_temperature!r}; expected a finite number > 0")
         self.p, self.paths, self.criterion, self.majority = p, paths, criterion, majority
         self.or_base, self.seed, self.js_temperature = or_base, seed, js_temperature
-        self._generator = torch.Generator().manual_seed(seed)  # the masks' only source of randomness
+        self._generator = torch.Generator()  # the masks' only source of randomness
+        self.reset()
 
-    def reset(self) -> None:
-        self._generator.manual_seed(self.seed)
+    def reset(self, seed: int | None = None) -> None:
+        """Reseed the masks: with the policy's own seed if it has one, else the run's (0 if None)."""
+        run_seed = self.seed if self.seed is not None else (seed or 0)
+        self._generator.manual_seed(mask_seed(run_seed))
 
     def decide(self, inp: VerifyInput) -> Decision:
         """The K paths of every position in one head call, the criterion on every drafted position, OR the base."""

@@ -2,7 +2,7 @@
 
 DropMatch (dropmatch.py) runs all K paths of all gamma+1 positions through the LM head and
 evaluates every criterion everywhere: Algorithm 1 as written. Most of that work cannot change
-the decision. This class keeps Algorithm 1's decisions and skips it, by five shortcuts that are
+the decision. This class keeps Algorithm 1's decisions and skips it, by four shortcuts that are
 exact, not approximations:
 
 1. Paths only where a verdict is needed. Position i's paths decide position i only. With
@@ -21,11 +21,7 @@ exact, not approximations:
    The vote needs K row maxima and a look at the ids below d_i only where the first holds. With
    js_or_majority the criterion is an OR, so a position the vote accepts skips the JS test.
 
-4. JS to a one-hot draft in closed form (js_to_one_hot). For q = delta_d (an n-gram draft) and
-   a = pbar[d]: every entry v != d has m_v = pbar_v / 2 and contributes pbar_v ln 2 / 2, so
-       JS(delta_d || pbar) = ln 2 + 1/2 (a ln a - (1 + a) ln(1 + a)),   0 at a = 1, ln 2 at a = 0.
-
-5. The radius by a bound (js_acceptance). "JS(q || pbar) <= max_k JS(p_k || pbar)" holds iff
+4. The radius by a bound (js_acceptance). "JS(q || pbar) <= max_k JS(p_k || pbar)" holds iff
    some path reaches JS(q || pbar), and
        JS(a || b) <= ln 2 * TV(a, b),   TV(a, b) = 1/2 sum_v |a_v - b_v|,
    since each entry f(a, b) = 1/2 a ln(2a/(a+b)) + 1/2 b ln(2b/(a+b)) is convex along a + b = s,
@@ -33,7 +29,11 @@ exact, not approximations:
    whose bound is below JS(q || pbar) cannot reach it; the others are tried largest TV first,
    with the exact JS, until one reaches. RADIUS_BOUND_SLACK keeps the bound above the computed
    JS whatever the round-off of the two sums, so no path the full computation would count is
-   skipped.
+   skipped. Both sides of the test are js_divergence, as in DropMatch, never a closed form: the
+   test is non-strict (<=), and a draft whose q equals a head's p_k bitwise (an n-gram's one-hot
+   draft and a head that is one-hot there) must tie exactly, as it does in the definition. (A
+   closed form for JS(delta_d || pbar) from pbar[d] alone rounds 1-2 ulp differently, and to 0
+   where the sum gives 1e-20 against a radius of 0: both flip verdicts.)
 
 The same masks. The masks of a step are drawn for every (path, position), from the policy's own
 generator, in the same order and shape as DropMatch draws them, also for the positions never
@@ -87,24 +87,14 @@ def draft_votes(path_logits: torch.Tensor, draft_token: int) -> int:
     return int(chose.sum())
 
 
-def js_to_one_hot(prob_at_draft: torch.Tensor) -> torch.Tensor:
-    """JS(delta_d || b) from a = b[d] alone: [...] -> [...] (shortcut 4 in the module docstring)."""
-    a = prob_at_draft
-    return (LN2 + 0.5 * (torch.xlogy(a, a) - torch.xlogy(1 + a, 1 + a))).clamp(min=0)
-
-
 def js_acceptance(path_logits: torch.Tensor, centroid_logits: torch.Tensor, draft_probs: torch.Tensor,
-                  temperature: float, one_hot_at: int | None = None) -> bool:
-    """JS(q || pbar) <= max_k JS(p_k || pbar), at one position (shortcut 5 in the module docstring).
+                  temperature: float) -> bool:
+    """JS(q || pbar) <= max_k JS(p_k || pbar), at one position (shortcut 4 in the module docstring).
 
-    path_logits [K, V] (l_k), centroid_logits [V] (mean_k l_k), draft_probs [V] (q); one_hot_at:
-    the draft token when q is one-hot there (its JS is then js_to_one_hot's).
+    path_logits [K, V] (l_k), centroid_logits [V] (mean_k l_k), draft_probs [V] (q).
     """
     centroid_probs = torch.softmax(centroid_logits / temperature, dim=-1)  # [V]: pbar
-    if one_hot_at is not None:
-        js_draft = float(js_to_one_hot(centroid_probs[one_hot_at]))
-    else:
-        js_draft = float(js_divergence(draft_probs, centroid_probs))
+    js_draft = float(js_divergence(draft_probs, centroid_probs))
     head_probs = torch.softmax(path_logits / temperature, dim=-1)  # [K, V]: p_k
     tv = 0.5 * (head_probs - centroid_probs).abs().sum(dim=-1)  # [K]: TV(p_k, pbar)
     for k in tv.argsort(descending=True).tolist():  # the likeliest path to reach it first
@@ -154,15 +144,16 @@ class LazyDropMatch(DropMatch):
     """
 
     def __init__(self, p: float = 0.3, paths: int = 5, criterion: str = "js_or_majority", majority: str = "strict",
-                 or_base: bool = True, seed: int = 0, js_temperature: float = 1.0, prefetch: int = 1) -> None:
-        super().__init__(p, paths, criterion, majority, or_base, seed, js_temperature)
+                 or_base: bool = True, seed: int | None = None, js_temperature: float = 1.0,
+                 prefetch: int = 1) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise MinispecError(f"dropmatch-lazy prefetch = {prefetch!r}; expected an integer >= 0")
         self.prefetch = prefetch
         self._kept = None  # (hidden, masks [K, gamma+1, d], generator state before them, n) from the hook
+        super().__init__(p, paths, criterion, majority, or_base, seed, js_temperature)
 
-    def reset(self) -> None:
-        super().reset()
+    def reset(self, seed: int | None = None) -> None:
+        super().reset(seed)
         self._kept = None
 
     def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -214,11 +205,9 @@ class LazyDropMatch(DropMatch):
             centroid_logits = path_logits.mean(dim=0) if self.p > 0 else path_logits[0]  # [V]: mean_k l_k
             if inp.draft_logits is not None:
                 draft_probs = torch.softmax(inp.draft_logits[i].to(path_logits.dtype) / temperature, dim=-1)  # [V]
-                one_hot_at = None
             else:
-                draft_probs = inp.q_draft[i].to(path_logits.dtype)  # [V]
-                one_hot_at = draft_token if float(draft_probs[draft_token]) == 1 else None
-            return js_acceptance(path_logits, centroid_logits, draft_probs, temperature, one_hot_at)
+                draft_probs = inp.q_draft[i].to(path_logits.dtype)  # [V], one-hot for an n-gram drafter
+            return js_acceptance(path_logits, centroid_logits, draft_probs, temperature)
         return False
 
     def _paths(self, inp: VerifyInput, hidden: torch.Tensor, head) -> DropoutPaths:

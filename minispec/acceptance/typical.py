@@ -18,9 +18,11 @@ ranks a close second can be accepted. The emitted correction / bonus stays the a
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput, first_rejection, register
+from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput, first_rejection, is_number, register
 from minispec.errors import MinispecError
 from minispec.sampling import SamplingParams, greedy_token, logits_to_probs, sample_token
 
@@ -51,12 +53,13 @@ class TypicalAcceptance(AcceptancePolicy):
     lossless = False
 
     def __init__(self, eps: float = 0.09, delta: float = 0.3, greedy_criterion_temperature: float = 1.0) -> None:
-        if not 0 < eps <= 1:
-            raise MinispecError(f"typical eps = {eps}; expected 0 < eps <= 1")
-        if not delta > 0:
-            raise MinispecError(f"typical delta = {delta}; expected delta > 0")
-        if not greedy_criterion_temperature > 0:
-            raise MinispecError(f"typical greedy_criterion_temperature = {greedy_criterion_temperature}; expected > 0")
+        if not (is_number(eps) and 0 < eps <= 1):
+            raise MinispecError(f"typical eps = {eps!r}; expected 0 < eps <= 1")
+        if not (is_number(delta) and 0 < delta < math.inf):
+            raise MinispecError(f"typical delta = {delta!r}; expected a finite delta > 0")
+        t = greedy_criterion_temperature
+        if not (is_number(t) and 0 < t < math.inf):
+            raise MinispecError(f"typical greedy_criterion_temperature = {t!r}; expected a finite number > 0")
         self.eps = eps
         self.delta = delta
         self.greedy_criterion_temperature = greedy_criterion_temperature
