@@ -37,6 +37,7 @@ class Mutant:
     old: str  # must occur exactly once in the file
     new: str
     why: str  # where this bug comes from
+    first: tuple[str, ...] = ()  # test files to run first (the suite still runs whole): kills come sooner
 
 
 CATALOGUE = [
@@ -107,6 +108,116 @@ CATALOGUE = [
            "cache.truncate(len(seq) + n)",
            "cache.truncate(len(seq) + min(n + 1, g))",
            "the target cache keeps the first rejected draft"),
+    # The loop: where a run ends inside an accepted run, and what it counts.
+    Mutant("eos-checked-after-the-step", "minispec/speculative.py",
+           "            reason = finish_reason(tokens, eos, max_new_tokens, stop_when)\n            if reason is not None:\n"
+           "                break\n        emitted = tokens[num_before:]\n",
+           "            reason = finish_reason(tokens, eos, max_new_tokens, stop_when)\n"
+           "        emitted = tokens[num_before:]\n",
+           "an eos inside an accepted run is seen only after the whole step is committed", ("tests/test_speculative.py",)),
+    Mutant("draft-past-max-new-tokens", "minispec/speculative.py",
+           "g = min(draft_length.next(), max_new_tokens - len(tokens) - 1)", "g = draft_length.next()",
+           "the drafter is asked for gamma tokens though fewer can still be emitted", ("tests/test_speculative.py",)),
+    Mutant("stats-count-drafts-after-eos", "minispec/speculative.py",
+           "        if len(emitted) <= n:\n", "        if False:\n",
+           "tau and acceptance count accepted drafts that were cut off after an eos", ("tests/test_speculative.py",)),
+    Mutant("prompt-check-adds-gamma", "minispec/speculative.py",
+           "    prompt = _check_prompt(target, prompt_ids, max_new_tokens)\n",
+           "    prompt = _check_prompt(target, prompt_ids, max_new_tokens + (gamma + 1 if draft is not None else 0))\n",
+           "a prompt that fits exactly is refused with a draft (room for gamma + 1 the caches never use)",
+           ("tests/test_speculative.py",)),
+    Mutant("policy-not-seeded-by-run", "minispec/speculative.py",
+           "    policy.reset(seed)", "    policy.reset()",
+           "generate(seed=...) never reaches DropMatch's mask generator", ("tests/test_speculative.py",)),
+    Mutant("ngram-drafter-keeps-first-vocabulary", "minispec/drafters.py",
+           "            if spec.vocab_size is None:  # the target's vocabulary, for this run only: the object stays reusable\n"
+           "                spec = copy.copy(spec)\n",
+           "            if spec.vocab_size is None:  # the target's vocabulary, for this run only: the object stays reusable\n",
+           "an NgramDrafter object takes the first target's vocabulary size and keeps it", ("tests/test_speculative.py",)),
+    # DropMatch: the boundaries of its rules, its masks, and the temperature of the JS test.
+    Mutant("lazy-majority-off-by-one", "minispec/acceptance/dropmatch_lazy.py",
+           "if 2 * votes > self.paths:", "if 2 * votes >= self.paths:",
+           "the lazy class's strict majority passes a tie at K/2", ("tests/test_dropmatch_definition.py",)),
+    Mutant("plurality-tie-wins", "minispec/acceptance/dropmatch.py",
+           "    return votes > rival_votes", "    return votes >= rival_votes",
+           "a plurality vote tied with another token counts as a win", ("tests/test_dropmatch_definition.py",)),
+    Mutant("masks-shared-across-positions", "minispec/acceptance/dropmatch.py",
+           "uniform = torch.rand((self.paths, *hidden.shape), generator=self._generator)",
+           "uniform = torch.rand((self.paths, 1, hidden.shape[-1]), generator=self._generator).expand(-1, hidden.shape[0], -1)",
+           "one mask per path reused at every position of the step", ("tests/test_dropmatch_definition.py",)),
+    Mutant("lazy-mask-of-position-0", "minispec/acceptance/dropmatch_lazy.py",
+           "self.hidden[i] * self.masks[:, i] / (1.0 - self.p)", "self.hidden[i] * self.masks[:, 0] / (1.0 - self.p)",
+           "the lazy class scores every position with position 0's masks", ("tests/test_dropmatch_definition.py",)),
+    Mutant("js-draft-side-at-temperature-1", "minispec/acceptance/dropmatch.py",
+           "draft_probs = torch.softmax(inp.draft_logits.to(path_logits.dtype) / temperature, dim=-1)",
+           "draft_probs = torch.softmax(inp.draft_logits.to(path_logits.dtype), dim=-1)",
+           "the JS test reads the draft at T = 1 and the heads at the sampling temperature",
+           ("tests/test_dropmatch_definition.py",)),
+    Mutant("js-centroid-at-temperature-1", "minispec/acceptance/dropmatch.py",
+           "centroid_probs = torch.softmax(centroid_logits / temperature, dim=-1)  # [gamma, V]: pbar",
+           "centroid_probs = torch.softmax(centroid_logits, dim=-1)  # [gamma, V]: pbar",
+           "the centroid pbar without the temperature", ("tests/test_dropmatch_definition.py",)),
+    Mutant("js-heads-at-temperature-1", "minispec/acceptance/dropmatch.py",
+           "head_probs = torch.softmax(path_logits / temperature, dim=-1)  # [K, gamma, V]: p_k",
+           "head_probs = torch.softmax(path_logits, dim=-1)  # [K, gamma, V]: p_k",
+           "the heads p_k (the radius) without the temperature", ("tests/test_dropmatch_definition.py",)),
+    Mutant("js-temperature-ignores-sampling-T", "minispec/acceptance/dropmatch.py",
+           "        temperature = self.js_temperature if inp.params.greedy else inp.params.temperature\n"
+           "        centroid_logits = path_logits.mean(dim=0) if self.p > 0 else path_logits[0]  # [gamma, V]: mean_k l_k",
+           "        temperature = self.js_temperature\n"
+           "        centroid_logits = path_logits.mean(dim=0) if self.p > 0 else path_logits[0]  # [gamma, V]: mean_k l_k",
+           "the JS test at js_temperature also when sampling at another T", ("tests/test_dropmatch_definition.py",)),
+    Mutant("js-strict-inequality", "minispec/acceptance/dropmatch.py",
+           "return js_divergence(draft_probs, centroid_probs) <= radius",
+           "return js_divergence(draft_probs, centroid_probs) < radius",
+           "the radius test made strict: a draft exactly at the radius is rejected", ("tests/test_dropmatch_definition.py",)),
+    Mutant("lazy-js-closed-form", "minispec/acceptance/dropmatch_lazy.py",
+           "    js_draft = float(js_divergence(draft_probs, centroid_probs))\n",
+           "    d = int(draft_probs.argmax())\n    a = centroid_probs[d]\n"
+           "    js_draft = (float((LN2 + 0.5 * (torch.xlogy(a, a) - torch.xlogy(1 + a, 1 + a))).clamp(min=0))\n"
+           "                if float(draft_probs[d]) == 1 else float(js_divergence(draft_probs, centroid_probs)))\n",
+           "JS to a one-hot draft in closed form: rounds differently from the sum at exact ties",
+           ("tests/test_policy_dropmatch.py",)),
+    Mutant("dropmatch-only-rejection-uses-residual", "minispec/acceptance/dropmatch.py",
+           "if num_accepted < inp.gamma and bool(base_accepted[num_accepted]):", "if False:",
+           "or_base=False: a rejection only DropMatch made corrects from norm(max(0, p - q))",
+           ("tests/test_dropmatch_definition.py",)),
+    # The converter: faults and a user's folders.
+    Mutant("convert-no-recheck-under-lock", "minispec/weights.py",
+           "        if is_complete(dest) and not force:  # converted by another process while we waited, or restored",
+           "        if False:  # converted by another process while we waited, or restored",
+           "two racing first-use conversions both convert (the loser finds the folder taken)",
+           ("tests/test_weights_faults.py",)),
+    Mutant("convert-no-lock", "minispec/weights.py",
+           "    if fcntl is None:\n        yield\n        return", "    if True:\n        yield\n        return",
+           "no lock: racing conversions interleave", ("tests/test_weights_faults.py",)),
+    Mutant("convert-stale-work-folders-kept", "minispec/weights.py",
+           "        for work in _work_folders(dest):\n            shutil.rmtree(work, ignore_errors=True)",
+           "        for work in _work_folders(dest):\n            pass",
+           "a killed conversion's temp folder (hundreds of MB) is never removed", ("tests/test_weights_faults.py",)),
+    Mutant("convert-cleanup-misses-ctrl-c", "minispec/weights.py",
+           "        finally:\n            shutil.rmtree(work, ignore_errors=True)\n    size_mib",
+           "        except Exception:\n            shutil.rmtree(work, ignore_errors=True)\n            raise\n    size_mib",
+           "the temp folder is cleaned on errors but not on Ctrl-C or sys.exit", ("tests/test_weights_faults.py",)),
+    Mutant("force-deletes-other-files", "minispec/weights.py",
+           "        if entry.name not in CONVERTED_FILES:\n            os.replace(entry, dest / entry.name)",
+           "        if False:\n            os.replace(entry, dest / entry.name)",
+           "--force removes files in the destination that the converter never wrote", ("tests/test_weights.py",)),
+    Mutant("force-swap-not-restored", "minispec/weights.py",
+           "        else:\n            os.replace(old, dest)", "        else:\n            pass",
+           "a kill between --force's two renames leaves the checkpoint only under .old-*",
+           ("tests/test_weights_faults.py",)),
+    Mutant("safetensors-mode-0600", "minispec/weights.py",
+           '    os.chmod(out_dir / "model.safetensors", stat.S_IMODE((out_dir / "config.json").stat().st_mode))\n',
+           "",
+           "model.safetensors keeps its temp file's 0600 while the rest follow the umask", ("tests/test_weights.py",)),
+    Mutant("gguf-errors-escape", "minispec/weights.py",
+           "    except Exception as error:  # bad magic, truncated or garbled: gguf has no error type of its own",
+           "    except (ValueError, OSError) as error:  # bad magic, truncated or garbled: gguf has no error type of its own",
+           "a truncated GGUF file ends in an IndexError traceback", ("tests/test_weights.py",)),
+    Mutant("unwritable-destination-found-late", "minispec/weights.py",
+           "        work.mkdir()\n    except OSError as error:", "        work.mkdir()\n    except ValueError as error:",
+           "a read-only destination is found only after the download", ("tests/test_weights_faults.py",)),
 ]
 
 
@@ -130,10 +241,11 @@ def test_files(workdir: Path) -> list[str]:
     return [f"tests/{f}" for f in order]
 
 
-def run_suite(workdir: Path, timeout: float) -> tuple[bool, str, float]:
-    """(passed, first failing test or '', seconds)."""
+def run_suite(workdir: Path, timeout: float, first: tuple[str, ...] = ()) -> tuple[bool, str, float]:
+    """(passed, first failing test or '', seconds). `first`: test files to run before the rest."""
     env = {**os.environ, "MINISPEC_PROFILE": "mutation", "PYTHONDONTWRITEBYTECODE": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *test_files(workdir)]
+    files = [*first, *(f for f in test_files(workdir) if f not in first)]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
@@ -189,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"times in {m.file}; expected exactly once (update the catalogue)")
             path.write_text(pristine.replace(m.old, m.new))
             try:
-                passed, failed, seconds = run_suite(workdir, args.timeout)
+                passed, failed, seconds = run_suite(workdir, args.timeout, m.first)
             finally:
                 path.write_text(pristine)
             killed += not passed
