@@ -5,18 +5,21 @@ model.safetensors.index.json ({"weight_map": {tensor name: shard file}}). Only s
 read: no pickle, nothing from the checkpoint is ever executed.
 
 Checks are strict, because a silently missing or mis-shaped tensor gives a model that runs and
-talks nonsense: every expected tensor must be present with the expected shape, and no
-unexpected tensor may be left over. The one tolerated extra is `lm_head.weight` in a checkpoint
-whose config ties it to the embeddings (some exporters write the shared matrix twice).
+talks nonsense: every expected tensor must be present with the expected shape and a
+floating-point dtype (an integer tensor cast to float is not the weight it was quantized from), and
+no unexpected tensor may be left over. The one tolerated extra is `lm_head.weight` in a checkpoint
+whose config ties it to the embeddings (some exporters write the shared matrix twice). A file that
+is not safetensors at all (truncated, empty, random bytes) is a CheckpointError naming it.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from minispec.config import ModelConfig
 from minispec.errors import CheckpointError
@@ -70,10 +73,10 @@ def map_tensor(folder: str | Path, name: str) -> torch.Tensor | None:
     paged in).
     """
     for file in _shard_files(Path(folder)):
-        with safe_open(file, framework="pt") as f:
+        with _open(file) as f:
             for hf_name in (_hf_name(name), name):
                 if hf_name in f.keys():
-                    return f.get_tensor(hf_name)
+                    return _get_tensor(f, file, hf_name)
     return None
 
 
@@ -85,7 +88,7 @@ def _hf_name(name: str) -> str:
 def _read_tensors(folder: Path, expected: set[str], model_type: str):
     """Yield (our name, tensor) for every tensor in the folder's safetensors file(s)."""
     for file in _shard_files(folder):
-        with safe_open(file, framework="pt") as f:
+        with _open(file) as f:
             for hf_name in f.keys():
                 name = hf_name.removeprefix("model.")
                 if name not in expected:
@@ -94,7 +97,32 @@ def _read_tensors(folder: Path, expected: set[str], model_type: str):
                     if name.endswith("rotary_emb.inv_freq"):  # old exporters saved a derived buffer
                         continue
                     raise CheckpointError(f"{file}: unexpected tensor '{hf_name}'; not part of a '{model_type}' model as config.json describes it")
-                yield name, f.get_tensor(hf_name)
+                tensor = _get_tensor(f, file, hf_name)
+                if not tensor.dtype.is_floating_point:  # quantized or mislabelled: a cast would give garbage
+                    raise CheckpointError(f"{file}: tensor '{hf_name}' is {str(tensor.dtype).removeprefix('torch.')}; "
+                                          "expected a floating-point tensor (float32, bfloat16, float16, ...)")
+                yield name, tensor
+
+
+@contextmanager
+def _open(file: Path):
+    """safe_open, with a file that is not safetensors (truncated, empty, random bytes, a header
+    larger than the file) reported as a CheckpointError naming it."""
+    try:
+        handle = safe_open(file, framework="pt")
+    except SafetensorError as err:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({err}); expected a complete safetensors "
+                              "file (fetch or convert it again)") from None
+    with handle as f:
+        yield f
+
+
+def _get_tensor(f, file: Path, hf_name: str) -> torch.Tensor:
+    try:
+        return f.get_tensor(hf_name)
+    except SafetensorError as err:
+        raise CheckpointError(f"{file}: tensor '{hf_name}' cannot be read ({err}); expected a complete "
+                              "safetensors file (fetch or convert it again)") from None
 
 
 def _shard_files(folder: Path) -> list[Path]:
@@ -103,9 +131,11 @@ def _shard_files(folder: Path) -> list[Path]:
         return [single]
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise CheckpointError(f"{index}: expected JSON with a 'weight_map' object") from None
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+            weight_map = None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index}: expected JSON with a 'weight_map' object ({{tensor name: shard file}})")
         files = [folder / name for name in sorted(set(weight_map.values()))]
         for file in files:
             if not file.is_file():

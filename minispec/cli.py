@@ -7,13 +7,17 @@
 
 A user mistake ends in one line on stderr, `<prog>: error: <message>`, and exit status 2:
 argparse's own errors (no usage dump), an out-of-range flag, and any MinispecError raised while
-running. Anything else that escapes is a bug and keeps its traceback.
+running. Ctrl-C ends in one line, `<prog>: interrupted`, and exit status 130 (128 + SIGINT, what
+a shell reports); a reader that closes our stdout early (`... | head`) ends the command quietly
+with exit status 141 (128 + SIGPIPE, as `yes | head` does). Anything else that escapes is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from typing import Callable
 
@@ -83,9 +87,32 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> froz
 
 
 def run_main(prog: str, body: Callable[[], int | None]) -> int:
-    """Run a command's body; a MinispecError becomes `<prog>: error: <message>` and exit status 2."""
+    """Run a command's body and return its exit status.
+
+    A MinispecError becomes `<prog>: error: <message>` (one line) and 2; Ctrl-C (KeyboardInterrupt,
+    wherever it lands) becomes `<prog>: interrupted` and 130, after whatever the body printed on its
+    way out; a closed stdout (BrokenPipeError) ends quietly with 141.
+    """
     try:
-        return body() or 0
+        code = body() or 0
+        sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's own flush at exit
+        return code
     except MinispecError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(str(err).splitlines())}", file=sys.stderr)  # one line, always
         return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        _discard_stdout()
+        return 141
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is still buffered does not
+    fail a second time (the recipe in Python's `signal` documentation, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout is not a file (a test's capture): nothing to do
+        pass

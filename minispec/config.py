@@ -11,11 +11,17 @@ Llama-3.1/3.2, tied or untied LM head), "qwen2" (Qwen2 and Qwen2.5: Llama's layo
 on the q, k and v projections but none on o; the model type implies them, its config.json has
 no field for them; sliding-window attention refused) and "qwen3" (explicit head_dim, RMSNorm
 on q and k before RoPE, tied or untied LM head). Anything else is a ConfigError naming the field.
+
+Every field that is read is checked for its JSON type and range where it is read (a string where
+a number belongs, `"tie_word_embeddings": "false"`, an eos id outside the vocabulary), so a bad
+config.json ends in one line naming the file and field, never in a traceback or a wrong model.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,19 +72,23 @@ class ModelConfig:
         # (ok, field as config.json spells it, value, what was expected)
         checks = [
             (self.model_type in SUPPORTED_MODEL_TYPES, "model_type", self.model_type, f"one of {SUPPORTED_MODEL_TYPES}"),
-            (self.vocab_size > 0, "vocab_size", self.vocab_size, "a positive integer"),
-            (self.hidden_size > 0, "hidden_size", self.hidden_size, "a positive integer"),
-            (self.intermediate_size > 0, "intermediate_size", self.intermediate_size, "a positive integer"),
-            (self.num_layers > 0, "num_hidden_layers", self.num_layers, "a positive integer"),
-            (self.num_heads > 0, "num_attention_heads", self.num_heads, "a positive integer"),
-            (self.num_kv_heads > 0 and self.num_heads % self.num_kv_heads == 0, "num_key_value_heads",
+            (_positive_int(self.vocab_size), "vocab_size", self.vocab_size, "a positive integer"),
+            (_positive_int(self.hidden_size), "hidden_size", self.hidden_size, "a positive integer"),
+            (_positive_int(self.intermediate_size), "intermediate_size", self.intermediate_size, "a positive integer"),
+            (_positive_int(self.num_layers), "num_hidden_layers", self.num_layers, "a positive integer"),
+            (_positive_int(self.num_heads), "num_attention_heads", self.num_heads, "a positive integer"),
+            (_positive_int(self.num_kv_heads) and self.num_heads % self.num_kv_heads == 0, "num_key_value_heads",
              self.num_kv_heads, f"a positive divisor of num_attention_heads={self.num_heads}"),
-            (self.head_dim > 0 and self.head_dim % 2 == 0, "head_dim", self.head_dim,
+            (_positive_int(self.head_dim) and self.head_dim % 2 == 0, "head_dim", self.head_dim,
              "a positive even integer (RoPE rotates pairs)"),
-            (self.rms_norm_eps > 0, "rms_norm_eps", self.rms_norm_eps, "a positive number"),
-            (self.rope_theta > 0, "rope_theta", self.rope_theta, "a positive number"),
-            (self.max_position_embeddings > 0, "max_position_embeddings", self.max_position_embeddings,
+            (_positive_number(self.rms_norm_eps), "rms_norm_eps", self.rms_norm_eps, "a positive finite number"),
+            (_positive_number(self.rope_theta), "rope_theta", self.rope_theta, "a positive finite number"),
+            (_positive_int(self.max_position_embeddings), "max_position_embeddings", self.max_position_embeddings,
              "a positive integer"),
+            (self.bos_token_id is None or _token_id(self.bos_token_id, self.vocab_size), "bos_token_id",
+             self.bos_token_id, f"a token id, 0 <= id < vocab_size={self.vocab_size}"),
+            (all(_token_id(t, self.vocab_size) for t in self.eos_token_ids), "eos_token_id", list(self.eos_token_ids),
+             f"token ids, each 0 <= id < vocab_size={self.vocab_size}"),
         ]
         for ok, field, value, expected in checks:
             if not ok:
@@ -97,6 +107,9 @@ class ModelConfig:
         where = "config"
         if isinstance(source, dict):
             raw = source
+        elif not isinstance(source, (str, os.PathLike)):
+            raise ConfigError(f"ModelConfig.from_hf: {type(source).__name__}; expected a checkpoint folder, "
+                              "a config.json path or a dict")
         else:
             path = Path(source)
             if path.is_dir():
@@ -105,63 +118,82 @@ class ModelConfig:
             if not path.is_file():
                 raise ConfigError(f"{path}: file not found; expected a Hugging Face config.json")
             try:
-                raw = json.loads(path.read_text())
+                raw = json.loads(path.read_text(encoding="utf-8"))
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); expected JSON") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: the top level is {_json_kind(raw)}; expected a JSON object of fields")
         return _parse(raw, where)
 
 
+_REQUIRED = object()
+
+
 def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
-    def need(key: str, kind: type | tuple[type, ...] = int) -> Any:
-        if key not in raw or raw[key] is None:
-            raise ConfigError(f"{where}: missing field '{key}'")
-        value = raw[key]
-        if not isinstance(value, kind) or isinstance(value, bool):
+    def get(key: str, kind: type | tuple[type, ...], default: Any = _REQUIRED) -> Any:
+        """raw[key], checked to be of `kind` (a JSON null counts as absent); `default` if absent."""
+        value = raw.get(key)
+        if value is None:
+            if default is _REQUIRED:
+                raise ConfigError(f"{where}: missing field '{key}'")
+            return default
+        if not _is_kind(value, kind):
             raise ConfigError(f"{where}: field '{key}' = {value!r}; expected {_kind_name(kind)}")
         return value
 
     model_type = raw.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ConfigError(f"{where}: field 'model_type' = {model_type!r}; expected one of {SUPPORTED_MODEL_TYPES}")
-    if raw.get("use_sliding_window"):
+    if get("use_sliding_window", bool, False):
         raise ConfigError(f"{where}: field 'use_sliding_window' = true; sliding-window attention is not supported")
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{where}: field 'hidden_act' = {act!r}; expected 'silu' (SwiGLU)")
 
-    hidden_size = need("hidden_size")
-    num_heads = need("num_attention_heads")
-    head_dim = raw.get("head_dim")
+    hidden_size = get("hidden_size", int)
+    num_heads = get("num_attention_heads", int)
+    vocab_size = get("vocab_size", int)
+    head_dim = get("head_dim", int, None)
     if head_dim is None:
         if model_type == "qwen3":
             raise ConfigError(f"{where}: missing field 'head_dim' (required for qwen3)")
+        if num_heads < 1:  # before dividing by it
+            raise ConfigError(f"{where}: field 'num_attention_heads' = {num_heads}; expected a positive integer")
         head_dim = hidden_size // num_heads
     rope_theta, rope_scaling = _parse_rope(raw, where)
 
     eos = raw.get("eos_token_id")
-    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-    return ModelConfig(
+    eos_ids = tuple(eos if isinstance(eos, list) else [] if eos is None else [eos])  # range: checked below
+    if not all(_is_kind(t, int) for t in eos_ids):
+        raise ConfigError(f"{where}: field 'eos_token_id' = {eos!r}; expected a token id (an integer) or a list of them")
+    fields = dict(
         model_type=model_type,
-        vocab_size=need("vocab_size"),
+        vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=need("intermediate_size"),
-        num_layers=need("num_hidden_layers"),
+        intermediate_size=get("intermediate_size", int),
+        num_layers=get("num_hidden_layers", int),
         num_heads=num_heads,
-        num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+        num_kv_heads=get("num_key_value_heads", int, num_heads),
         head_dim=head_dim,
-        rms_norm_eps=float(need("rms_norm_eps", (int, float))),
+        rms_norm_eps=float(get("rms_norm_eps", float)),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        max_position_embeddings=need("max_position_embeddings"),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),  # HF default: untied
+        max_position_embeddings=get("max_position_embeddings", int),
+        tie_word_embeddings=get("tie_word_embeddings", bool, False),  # HF default: untied
         qk_norm=model_type == "qwen3",
         # transformers' Qwen2 hard-codes its biases and never reads "attention_bias": neither do we
-        attention_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
+        attention_bias=model_type != "qwen2" and get("attention_bias", bool, False),
         qkv_bias=model_type == "qwen2",
-        mlp_bias=bool(raw.get("mlp_bias", False)),
-        bos_token_id=raw.get("bos_token_id"),
+        mlp_bias=get("mlp_bias", bool, False),
+        bos_token_id=get("bos_token_id", int, None),
         eos_token_ids=eos_ids,
     )
+    try:
+        return ModelConfig(**fields)
+    except ConfigError as err:  # the right type but out of range: name the file, not just "config"
+        raise ConfigError(f"{where}:{str(err).removeprefix('config:')}") from None
 
 
 def _parse_rope(raw: dict[str, Any], where: str) -> tuple[float, RopeScaling | None]:
@@ -169,13 +201,18 @@ def _parse_rope(raw: dict[str, Any], where: str) -> tuple[float, RopeScaling | N
     params = raw.get("rope_parameters")
     if params is not None:  # transformers >= 5
         field = "rope_parameters"
+        if not isinstance(params, dict):
+            raise ConfigError(f"{where}: field 'rope_parameters' = {params!r}; expected an object")
         theta = params.get("rope_theta", raw.get("rope_theta"))
         scaling = params
     else:  # hub spelling
         field = "rope_scaling"
         theta = raw.get("rope_theta", 10000.0)
         scaling = raw.get("rope_scaling")
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool):
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ConfigError(f"{where}: field 'rope_scaling' = {scaling!r}; expected an object "
+                              "(e.g. {\"rope_type\": \"llama3\", ...}) or null")
+    if not _is_kind(theta, float):
         raise ConfigError(f"{where}: field 'rope_theta' = {theta!r}; expected a number")
     if scaling is None:
         return float(theta), None
@@ -184,17 +221,60 @@ def _parse_rope(raw: dict[str, Any], where: str) -> tuple[float, RopeScaling | N
         return float(theta), None
     if rope_type != "llama3":
         raise ConfigError(f"{where}: field '{field}.rope_type' = {rope_type!r}; expected 'default' or 'llama3'")
-    try:
-        return float(theta), RopeScaling(
-            factor=float(scaling["factor"]),
-            low_freq_factor=float(scaling["low_freq_factor"]),
-            high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
-        )
-    except KeyError as err:
-        raise ConfigError(f"{where}: missing field '{field}.{err.args[0]}' (required for rope_type 'llama3')") from None
+    values = {}
+    for key, kind in (("factor", float), ("low_freq_factor", float), ("high_freq_factor", float),
+                      ("original_max_position_embeddings", int)):
+        if scaling.get(key) is None:
+            raise ConfigError(f"{where}: missing field '{field}.{key}' (required for rope_type 'llama3')")
+        value = scaling[key]
+        if not (_positive_int(value) if kind is int else _positive_number(value)):
+            raise ConfigError(f"{where}: field '{field}.{key}' = {value!r}; expected a positive "
+                              f"{'integer' if kind is int else 'finite number'}")
+        values[key] = value
+    if not values["low_freq_factor"] < values["high_freq_factor"]:  # the band between them is interpolated
+        raise ConfigError(f"{where}: field '{field}.high_freq_factor' = {values['high_freq_factor']!r}; expected "
+                          f"more than low_freq_factor={values['low_freq_factor']!r}")
+    return float(theta), RopeScaling(
+        factor=float(values["factor"]),
+        low_freq_factor=float(values["low_freq_factor"]),
+        high_freq_factor=float(values["high_freq_factor"]),
+        original_max_position_embeddings=values["original_max_position_embeddings"],
+    )
+
+
+def _is_kind(value: Any, kind: type | tuple[type, ...]) -> bool:
+    """JSON typing: bool is not a number, and an integer is also a float (`1` is a fine rms_norm_eps)."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool):
+        return bool in kinds
+    if float in kinds and isinstance(value, int):
+        return True
+    return isinstance(value, kinds)
+
+
+def _positive_int(value: Any) -> bool:
+    return _is_kind(value, int) and value > 0
+
+
+def _positive_number(value: Any) -> bool:
+    return _is_kind(value, float) and math.isfinite(value) and value > 0
+
+
+def _token_id(value: Any, vocab_size: Any) -> bool:
+    return _is_kind(value, int) and (not _positive_int(vocab_size) or 0 <= value < vocab_size)
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"int": "an integer", "float": "a number"}.get(k.__name__, k.__name__) for k in kinds)
+    names = {"int": "an integer", "float": "a number", "bool": "true or false", "list": "a list", "str": "a string",
+             "dict": "an object"}
+    return " or ".join(names.get(k.__name__, k.__name__) for k in kinds)
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words: 'an array', 'null', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {list: "an array", str: "a string", int: "a number", float: "a number", dict: "an object"}[type(value)]

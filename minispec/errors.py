@@ -2,7 +2,9 @@
 
 Every message is one line that names the file, field or flag at fault and what was expected.
 The CLIs print `<prog>: error: <message>` for these and exit 2, without a traceback; anything
-else that escapes is a bug in minispec and keeps its traceback.
+else that escapes is a bug in minispec and keeps its traceback. (Ctrl-C and a closed stdout are
+not errors: minispec.cli.run_main ends those with 130 and one line, and 141 quietly.)
+docs/bad_inputs.md shows what each kind of bad input gives.
 """
 
 

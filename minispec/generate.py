@@ -8,16 +8,19 @@ colours each token by where it came from (an accepted draft, a correction, a bon
 (minispec.trace). A checkpoint with a chat template gets the prompt wrapped in it (--raw: not).
 Without --ckpt the default checkpoint (SmolLM2-135M-Instruct) is fetched and converted on first
 use (minispec.weights.default_checkpoint_dir). User mistakes end in one line on stderr and exit
-status 2.
+status 2 (docs/bad_inputs.md lists them). Ctrl-C keeps the text generated so far (with --json: the
+object, finish_reason "interrupted") and ends in one line and exit status 130; a closed stdout
+(`| head`) ends quietly (minispec.cli.run_main).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -25,6 +28,8 @@ import torch
 from minispec.acceptance.dropmatch_calibrate import DEFAULT_LEVEL
 from minispec.cli import Parser, given_flags, ranged, run_main
 from minispec.errors import MinispecError
+from minispec.sampling import MIN_TEMPERATURE
+from minispec.tokenizer import check_text
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float64": torch.float64, "fp64": torch.float64}
@@ -103,16 +108,18 @@ def build_parser() -> Parser:
                       help="wrap the prompt in the checkpoint's chat template (the default when it has one)")
     mode.add_argument("--raw", dest="chat", action="store_const", const=False,
                       help="feed the prompt as plain text, without the chat template")
-    p.add_argument("--system", default=None, help="system message for chat mode (default: the template's own)")
+    p.add_argument("--system", default=None,
+                   help="system message for chat mode (default: the template's own; '' gives an empty one)")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=128)
     p.add_argument("--stop", action="append", default=[], metavar="STRING",
                    help="end the generation when the text contains STRING (repeatable); the text ends before it")
-    p.add_argument("--temperature", type=ranged(float, "--temperature", lo=0), default=0.0,
-                   help="0 = greedy (argmax, lowest id on ties)")
+    p.add_argument("--temperature", type=temperature, default=0.0,
+                   help=f"0 = greedy (argmax, lowest id on ties); else a finite number >= {MIN_TEMPERATURE:g}")
     p.add_argument("--top-k", type=ranged(int, "--top-k", lo=1), default=None, help="sample from the k likeliest tokens")
     p.add_argument("--top-p", type=ranged(float, "--top-p", lo=0, hi=1, lo_open=True), default=None,
                    help="sample from the smallest set of tokens with probability >= p (nucleus)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=ranged(int, "--seed", lo=0, hi=2**64, hi_open=True), default=0,
+                   help="seeds every random choice (an unsigned 64-bit integer, as torch takes it)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
     p.add_argument("--kernels", choices=["auto", "fast", "compiled", "reference"], default="auto",
@@ -158,6 +165,18 @@ def build_parser() -> Parser:
                    help="print every verify step as it happens: the drafts, each row's target choice and "
                         "probability, the decision, the rollback and both caches' lengths (then the text)")
     return p
+
+
+def temperature(text: str) -> float:
+    """--temperature: 0 (greedy) or a finite number >= MIN_TEMPERATURE (minispec.sampling says why)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--temperature = {text!r}; expected a number") from None
+    if not (value == 0 or MIN_TEMPERATURE <= value < math.inf):  # also nan
+        raise argparse.ArgumentTypeError(f"--temperature = {text}; expected 0 (greedy) or a finite number "
+                                         f">= {MIN_TEMPERATURE:g}")
+    return value
 
 
 def dropout_p(text: str) -> float | str:
@@ -206,9 +225,51 @@ def check_flags(args: GenerateArgs) -> None:
             raise MinispecError("--system: a chat-template message; expected chat mode, not --raw")
     if "agreement" in args.given and args.dropout_p != "auto":
         raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
+    for text, flag_name in [(args.prompt, "--prompt"), (args.system, "--system"), *((s, "--stop") for s in args.stop)]:
+        if text is not None:  # argv bytes that are not UTF-8 arrive as lone surrogates
+            check_text(text, flag_name)
+
+
+@dataclass
+class _Progress:
+    """How far a run got: what an interrupted run reports."""
+
+    tokenizer: object = None
+    prompt_ids: list[int] | None = None
+    tokens: list[int] = field(default_factory=list)  # emitted so far (the loop's on_tokens)
+    printer: _Printer | None = None
+    stop: StopStrings | None = None
+
+    def on_tokens(self, tokens: list[int], num_accepted: int, num_proposed: int) -> None:
+        self.tokens.extend(tokens)
+        if self.printer is not None:
+            self.printer.push(tokens, num_accepted, num_proposed)
+
+    def text(self) -> str:
+        if not self.tokens:
+            return ""
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        return text if self.stop is None else self.stop.cut(text)
 
 
 def run(args: GenerateArgs) -> dict:
+    """Load, generate, return the --json object. On Ctrl-C: end the streamed text (or print the
+    --json object so far, finish_reason "interrupted") and let the KeyboardInterrupt go on to
+    run_main, which says so in one line and exits 130."""
+    progress = _Progress()
+    try:
+        return _run(args, progress)
+    except KeyboardInterrupt:
+        if args.json:
+            print(json.dumps({"text": progress.text(), "tokens": progress.tokens,
+                              "prompt_tokens": None if progress.prompt_ids is None else len(progress.prompt_ids),
+                              "finish_reason": "interrupted", "stats": None}))
+        elif progress.printer is not None:
+            progress.printer.finish()
+        raise
+
+
+def _run(args: GenerateArgs, progress: _Progress) -> dict:
     from minispec import kernels
     from minispec.checkpoint import load_model
     from minispec.hub import resolve_checkpoint
@@ -216,6 +277,7 @@ def run(args: GenerateArgs) -> dict:
     from minispec.tokenizer import load_tokenizer
 
     check_flags(args)
+    device = _device(args.device)
     if args.ckpt is None:
         if args.revision is not None:
             raise MinispecError("--revision: a hub revision of --ckpt; expected a --ckpt repo id with it")
@@ -224,16 +286,11 @@ def run(args: GenerateArgs) -> dict:
         ckpt = ensure_default_checkpoint()
     else:
         ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
-    try:
-        device = torch.device(args.device)
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:
-        raise MinispecError(f"--device = {args.device!r}: not available here ({str(err).splitlines()[0]})") from None
 
     model = load_model(ckpt, dtype=DTYPES[args.dtype], device=device)
-    tokenizer = load_tokenizer(ckpt)
+    tokenizer = progress.tokenizer = load_tokenizer(ckpt)
     drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
-    prompt_ids = _prompt_ids(args, tokenizer)
+    prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
     p = args.dropout_p
     if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
         from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
@@ -250,9 +307,9 @@ def run(args: GenerateArgs) -> dict:
         kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
     policy = _policy(args, p)
 
-    stop = StopStrings(tokenizer, args.stop) if args.stop else None
-    printer = None if args.json or args.trace else _Printer(tokenizer, colour=args.show and _use_colour(args.color),
-                                                            stops=args.stop)
+    stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
+    printer = progress.printer = None if args.json or args.trace else _Printer(
+        tokenizer, colour=args.show and _use_colour(args.color), stops=args.stop)
     tracer = None
     if args.trace:
         from minispec.trace import Tracer
@@ -262,7 +319,7 @@ def run(args: GenerateArgs) -> dict:
     result = generate(
         model, prompt_ids, max_new_tokens=args.max_new_tokens, draft=drafter, policy=policy, gamma=args.gamma,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-        eos_token_ids=tokenizer.eos_token_ids, on_tokens=None if printer is None else printer.push,
+        eos_token_ids=tokenizer.eos_token_ids, on_tokens=progress.on_tokens,
         on_step=tracer, stop_when=stop, **speculative,
     )
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)
@@ -276,6 +333,21 @@ def run(args: GenerateArgs) -> dict:
         result.stats["dropout_p"] = p
     return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids),
             "finish_reason": result.finish_reason, "stats": result.stats}
+
+
+def _device(name: str) -> torch.device:
+    """--device as a torch.device that can run a model here: a small computation on it must give a value."""
+    try:
+        device = torch.device(name)
+        if device.type == "meta":  # tensors without data: everything "runs", nothing is computed
+            raise RuntimeError("meta tensors hold no data")
+        torch.ones(2, device=device).add(1).sum().item()
+    except Exception as err:  # torch says why in its own words: unknown type, not compiled with it, no such index
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = reason if len(reason) <= 100 else reason[:97] + "..."
+        raise MinispecError(f"--device = {name!r}: cannot run a model here ({reason}); expected cpu, or an "
+                            "available accelerator such as cuda, cuda:1, mps") from None
+    return device
 
 
 def _drafter(args: GenerateArgs, model, tokenizer):
@@ -296,10 +368,12 @@ def _drafter(args: GenerateArgs, model, tokenizer):
 
 
 def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
+    """The prompt's token ids: the text from --prompt, --prompt-file or stdin, as UTF-8, in the chat
+    template unless --raw (or the checkpoint has none). --system "" is an empty system message."""
     if args.prompt_file is None:
-        prompt = args.prompt
+        prompt = args.prompt  # checked with the flags
     elif str(args.prompt_file) == "-":
-        prompt = sys.stdin.read()
+        prompt = _read_stdin()
     else:
         try:
             prompt = args.prompt_file.read_text(encoding="utf-8")
@@ -313,10 +387,19 @@ def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
             raise MinispecError(f"--system: a chat-template message, but {tokenizer.source} has no chat template; "
                                 "expected a chat checkpoint")
         return tokenizer.encode(prompt)
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": prompt}
-    ]
-    return tokenizer.apply_chat_template(messages)
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    return tokenizer.apply_chat_template([*system, {"role": "user", "content": prompt}])
+
+
+def _read_stdin() -> str:
+    """--prompt-file -: stdin's bytes decoded as UTF-8, whatever the locale's encoding and error handler."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream without bytes underneath (a test's StringIO)
+        return check_text(sys.stdin.read(), "--prompt-file - (stdin)")
+    try:
+        return stream.read().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise MinispecError(f"--prompt-file - (stdin): cannot be read ({err}); expected UTF-8 text") from None
 
 
 def _policy(args: GenerateArgs, p: float | str):

@@ -8,34 +8,52 @@ sampling.)
 
 Temperature 0 means greedy: the distribution is one-hot on argmax, ties going to the lowest
 token id (what torch.argmax returns). It is not faked as a tiny temperature.
+
+A temperature above 0 must be finite and at least MIN_TEMPERATURE: every path divides logits by
+T (here, and the DropMatch policies' JS test), and a smaller T can overflow logits / T to inf and
+the softmax to nan; T = inf would silently sample uniformly. Both are a MinispecError instead,
+here in SamplingParams, so the Python API and the CLI refuse the same values.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import torch
 
 from minispec.errors import MinispecError
 
 
+# The smallest temperature above 0: logits / T stays finite for float32 logits below 3.4e35 in
+# size (any real model's), and below it sampling is greedy in all but name (use 0).
+MIN_TEMPERATURE = 1e-3
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy (argmax, lowest id on ties)
+    temperature: float = 0.0  # 0 = greedy (argmax, lowest id on ties); else MIN_TEMPERATURE <= T < inf
     top_k: int | None = None  # keep the k most likely tokens
     top_p: float | None = None  # keep the smallest set of tokens with total probability >= top_p
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise MinispecError(f"temperature = {self.temperature}; expected a number >= 0")
-        if self.top_k is not None and self.top_k < 1:
-            raise MinispecError(f"top_k = {self.top_k}; expected an integer >= 1")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise MinispecError(f"top_p = {self.top_p}; expected 0 < top_p <= 1")
+        t = self.temperature
+        if not _is_real(t) or not (t == 0 or MIN_TEMPERATURE <= t < math.inf):
+            raise MinispecError(f"temperature = {t!r}; expected 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}")
+        k = self.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, Integral) or k < 1):
+            raise MinispecError(f"top_k = {k!r}; expected an integer >= 1")
+        if self.top_p is not None and not (_is_real(self.top_p) and 0 < self.top_p <= 1):  # nan fails too
+            raise MinispecError(f"top_p = {self.top_p!r}; expected a number 0 < top_p <= 1")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
 
 
 def greedy_token(logits: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,13 @@
 strings in the text, such as "<|im_start|>", are recognised as their single ids.
 The chat template is rendered the way transformers does it (sandboxed jinja2, trim_blocks and
 lstrip_blocks, `raise_exception`, a `tojson` that does not escape HTML), so the ids equal
-`AutoTokenizer.apply_chat_template(..., tokenize=True)` for the same folder.
+`AutoTokenizer.apply_chat_template(..., tokenize=True)` for the same folder. A template that does
+not parse, calls `raise_exception`, or fails while rendering is a CheckpointError naming
+tokenizer_config.json's chat_template (a bare undefined name renders as '', as in transformers).
+
+What is read is checked where it is read: bos/eos ids must be token ids of this vocabulary (from
+generation_config.json, tokenizer_config.json's token strings or config.json, in that order of
+preference), and text to encode must be valid Unicode (a lone surrogate has no UTF-8 form).
 
 `check_same_vocabulary(draft, target, ...)` is the check a separate draft model needs: the two
 models exchange token ids, never text, so every id must be the same token for both.
@@ -23,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from minispec.errors import CheckpointError
+from minispec.errors import CheckpointError, MinispecError
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decode of an incomplete UTF-8 sequence ends with
 
@@ -54,6 +60,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids for `text`; special-token strings become their ids, nothing else is added."""
+        check_text(text, "text")
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -66,10 +73,25 @@ class Tokenizer:
         """The chat template rendered as text, e.g. '<|im_start|>system\\n...<|im_start|>assistant\\n'."""
         if not self.chat_template:
             raise CheckpointError(f"{self.source}/tokenizer_config.json: no 'chat_template' field; expected a jinja2 chat template (or use plain text prompts)")
-        if self._template is None:
-            self._template = _compile_chat_template(self.chat_template)
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **variables)
+        import jinja2
+
+        where = f"{self.source}/tokenizer_config.json: chat_template"
+        try:
+            if self._template is None:
+                self._template = _compile_chat_template(self.chat_template)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "", **variables)
+        except jinja2.TemplateSyntaxError as err:
+            raise CheckpointError(f"{where} does not parse ({_one_line(err.message)} at line {err.lineno}); "
+                                  "expected a jinja2 template") from None
+        except jinja2.UndefinedError as err:
+            raise CheckpointError(f"{where} uses an undefined name ({_one_line(err.message)}); expected a template "
+                                  "that uses only messages, add_generation_prompt, bos_token, eos_token and the "
+                                  "variables passed") from None
+        except _TemplateRaised as err:
+            raise CheckpointError(f"{where} refused the messages: {_one_line(err.message)}") from None
+        except Exception as err:  # the template's own code failed (a TypeError in an expression, ...)
+            raise CheckpointError(f"{where} failed while rendering ({type(err).__name__}: {_one_line(str(err))})") from None
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables) -> list[int]:
         """Token ids of the rendered chat: the prompt to feed the model."""
@@ -133,18 +155,38 @@ def load_tokenizer(path: str | Path, revision: str | None = None) -> Tokenizer:
         backend = Backend.from_file(str(tokenizer_file))
     except Exception as error:  # tokenizers raises a bare Exception on bad JSON
         raise CheckpointError(f"{tokenizer_file}: cannot be read ({str(error).splitlines()[0]}); expected a tokenizers JSON file") from None
-    tok_config = _read_json(folder / "tokenizer_config.json")
-    gen_config = _read_json(folder / "generation_config.json")
-    model_config = _read_json(folder / "config.json")
+    files = {name: folder / f"{name}.json" for name in ("tokenizer_config", "generation_config", "config")}
+    tok_config, gen_config, model_config = (_read_json(file) for file in files.values())
+    vocab_size = backend.get_vocab_size(with_added_tokens=True)
 
-    bos_token, eos_token = _token_string(tok_config.get("bos_token")), _token_string(tok_config.get("eos_token"))
-    bos_token_id = _first_id(gen_config.get("bos_token_id"), backend.token_to_id(bos_token) if bos_token else None,
-                             model_config.get("bos_token_id"))
-    eos_ids = _first_id(gen_config.get("eos_token_id"), backend.token_to_id(eos_token) if eos_token else None,
-                        model_config.get("eos_token_id"), as_list=True)
-    return Tokenizer(backend, chat_template=_template_string(tok_config.get("chat_template"), folder),
-                     bos_token=bos_token, eos_token=eos_token, bos_token_id=bos_token_id,
-                     eos_token_ids=eos_ids, source=str(folder))
+    def ids(config: dict, name: str, field: str) -> list[int]:
+        return _token_ids(config.get(field), vocab_size, f"{files[name]}: field '{field}'")
+
+    bos_token, eos_token = (_token_string(tok_config.get(field), f"{files['tokenizer_config']}: field '{field}'")
+                            for field in ("bos_token", "eos_token"))
+    bos_ids = _first_set(ids(gen_config, "generation_config", "bos_token_id"), _ids_of(backend, bos_token),
+                         ids(model_config, "config", "bos_token_id"))
+    eos_ids = _first_set(ids(gen_config, "generation_config", "eos_token_id"), _ids_of(backend, eos_token),
+                         ids(model_config, "config", "eos_token_id"))
+    chat_template = _template_string(tok_config.get("chat_template"), files["tokenizer_config"])
+    return Tokenizer(backend, chat_template=chat_template, bos_token=bos_token, eos_token=eos_token,
+                     bos_token_id=bos_ids[0] if bos_ids else None, eos_token_ids=eos_ids, source=str(folder))
+
+
+def check_text(text: str, what: str) -> str:
+    """`text`, if it is a str with a UTF-8 form; else a MinispecError naming `what` (a flag, a file, "text").
+
+    A lone surrogate (U+D800..U+DFFF) has none: Python makes them from undecodable bytes (a file read
+    with errors="surrogateescape", sys.argv on POSIX), and the tokenizer cannot take them.
+    """
+    if not isinstance(text, str):
+        raise MinispecError(f"{what}: {type(text).__name__}; expected a str")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise MinispecError(f"{what}: not valid Unicode (a lone surrogate, U+{ord(text[err.start]):04X}, at character "
+                            f"{err.start}: bytes that were not UTF-8); expected UTF-8 text") from None
+    return text
 
 
 def check_same_vocabulary(draft: Tokenizer, target: Tokenizer, draft_name: str, target_name: str) -> None:
@@ -218,39 +260,64 @@ def _read_json(file: Path) -> dict:
     return content
 
 
-def _token_string(value) -> str | None:
+def _token_string(value, where: str) -> str | None:
     """tokenizer_config.json writes a token as "<s>" or as {"content": "<s>", ...} (an AddedToken)."""
-    return value.get("content") if isinstance(value, dict) else value
+    token = value.get("content") if isinstance(value, dict) else value
+    if token is not None and not isinstance(token, str):
+        raise CheckpointError(f"{where} = {value!r}; expected a token string or {{\"content\": token string}}")
+    return token
 
 
-def _template_string(value, folder: Path) -> str | None:
+def _ids_of(backend, token: str | None) -> list[int]:
+    """[the id of `token`], or [] if it is unset or not in the vocabulary."""
+    token_id = backend.token_to_id(token) if token else None
+    return [] if token_id is None else [token_id]
+
+
+def _token_ids(value, vocab_size: int, where: str) -> list[int]:
+    """A bos/eos field (an id, a list of ids, or unset) as a list, every id checked against the vocabulary."""
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+        raise CheckpointError(f"{where} = {value!r}; expected a token id (an integer) or a list of them, each "
+                              f"0 <= id < {vocab_size} (the tokenizer's vocabulary)")
+    return ids
+
+
+def _first_set(*candidates: list[int]) -> list[int]:
+    """The first non-empty candidate list ([] if none is)."""
+    return next((ids for ids in candidates if ids), [])
+
+
+def _template_string(value, file: Path) -> str | None:
     """A chat_template is a string, or a list of {"name", "template"} of which "default" is the one we use."""
     if isinstance(value, list):
         named = {entry.get("name"): entry.get("template") for entry in value if isinstance(entry, dict)}
         if "default" not in named:
-            raise CheckpointError(f"{folder}/tokenizer_config.json: chat_template list has no 'default' entry; expected one")
-        return named["default"]
+            raise CheckpointError(f"{file}: chat_template list has no 'default' entry; expected one")
+        value = named["default"]
+    if value is not None and not isinstance(value, str):
+        raise CheckpointError(f"{file}: field 'chat_template' = {value!r}; expected a jinja2 template string")
     return value
 
 
-def _first_id(*candidates, as_list: bool = False):
-    """The first candidate that is set: an int, or (with as_list) an int or list of ints, returned as a list."""
-    for value in candidates:
-        if value is None or value == []:
-            continue
-        if as_list:
-            return [value] if isinstance(value, int) else list(value)
-        return value[0] if isinstance(value, list) else value
-    return [] if as_list else None
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+class _TemplateRaised(Exception):
+    """A template's own `raise_exception(message)`: it refuses the messages it was given."""
+
+    def __init__(self, message) -> None:
+        super().__init__(message)
+        self.message = str(message)
 
 
 def _compile_chat_template(source: str):
     """Compile a chat template the way transformers does (see its utils/chat_template_utils.py)."""
-    import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+        raise _TemplateRaised(message)
 
     def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         # jinja2's own tojson escapes HTML characters (<, >, &, '); templates expect plain JSON.

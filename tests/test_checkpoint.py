@@ -133,3 +133,52 @@ def test_no_weights_and_pickle_only(tmp_path, tiny):
     (folder / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(CheckpointError, match=r"only pickle weights"):
         load_model(folder)
+
+
+@pytest.mark.parametrize("content", [
+    pytest.param(lambda data: data[:100], id="truncated-header"),
+    pytest.param(lambda data: data[:-100], id="truncated-data"),
+    pytest.param(lambda data: b"", id="empty"),
+    pytest.param(lambda data: bytes(range(256)) * 4, id="random-bytes"),
+    pytest.param(lambda data: (2**40).to_bytes(8, "little") + b"{}", id="oversized-header"),
+])
+def test_a_file_that_is_not_safetensors_names_it(tmp_path, tiny, content):
+    """Corrupt weights are a CheckpointError naming the file, from load_model and map_tensor alike."""
+    from minispec.checkpoint import map_tensor
+
+    raw, model = tiny
+    folder = write_checkpoint(tmp_path / "ck", raw, model)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(content(weights.read_bytes()))
+    for load in (lambda: load_model(folder), lambda: map_tensor(folder, "embed_tokens.weight")):
+        with pytest.raises(CheckpointError) as err:
+            load()
+        assert one_line(err).startswith(f"{weights}: not a readable safetensors file (")
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int8, torch.bool, torch.complex64])
+def test_a_tensor_that_is_not_floating_point_is_refused(tmp_path, tiny, dtype):
+    """Casting integer (quantized) weights to float gives a model that runs and talks nonsense."""
+    from safetensors.torch import load_file
+
+    raw, model = tiny
+    folder = write_checkpoint(tmp_path / "ck", raw, model)
+    state = load_file(folder / "model.safetensors")
+    state["model.layers.0.mlp.up_proj.weight"] = state["model.layers.0.mlp.up_proj.weight"].to(dtype)
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(CheckpointError) as err:
+        load_model(folder)
+    name = str(dtype).removeprefix("torch.")
+    assert one_line(err) == (f"{folder / 'model.safetensors'}: tensor 'model.layers.0.mlp.up_proj.weight' is {name}; "
+                             "expected a floating-point tensor (float32, bfloat16, float16, ...)")
+
+
+@pytest.mark.parametrize("index", ['{"weight_map": ["a"]}', '{"weight_map": {"x": 1}}', "[]", "{"])
+def test_a_shard_index_without_a_weight_map_object(tmp_path, tiny, index):
+    raw, _ = tiny
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(raw))
+    (folder / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match="expected JSON with a 'weight_map' object"):
+        load_model(folder)

@@ -98,13 +98,20 @@ def test_help_shows_the_defaults_and_the_equivalent_flags_elsewhere(capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--temperature", "-1"], "--temperature = -1; expected 0 <= temperature"),
+        (["--temperature", "-1"], "--temperature = -1; expected 0 (greedy) or a finite number >= 0.001"),
         (["--top-p", "0"], "--top-p = 0; expected 0 < top-p <= 1"),
         (["--top-k", "0"], "--top-k = 0; expected 1 <= top-k"),
         (["--gamma", "0"], "--gamma = 0; expected 1 <= gamma"),
         (["--dropout-p", "1"], "--dropout-p = 1; expected 0 <= dropout-p < 1"),
         (["--max-new-tokens", "x"], "--max-new-tokens = 'x'; expected an integer"),
         (["--dtype", "int4"], "argument --dtype: invalid choice"),
+        (["--seed", "-1"], "--seed = -1; expected 0 <= seed < 18446744073709551616"),
+        (["--seed", str(2**64)], f"--seed = {2**64}; expected 0 <= seed < 18446744073709551616"),
+        (["--temperature", "1e-40"], "--temperature = 1e-40; expected 0 (greedy) or a finite number >= 0.001"),
+        (["--temperature", "inf"], "--temperature = inf; expected 0 (greedy) or a finite number >= 0.001"),
+        (["--temperature", "nan"], "--temperature = nan; expected 0 (greedy)"),
+        (["--temperature", "warm"], "--temperature = 'warm'; expected a number"),
+        (["--top-p", "nan"], "--top-p = nan; expected 0 < top-p <= 1"),
     ],
 )
 def test_out_of_range_flags(capsys, argv, message):
@@ -277,3 +284,66 @@ def test_streamed_text_with_stop_strings_is_the_text_cut_before_the_first(pieces
     for code in ("\033[32m", "\033[31m", "\033[34m", RESET):
         printed = printed.replace(code, "")
     assert printed == StopStrings(None, tuple(stops)).cut("".join(pieces)) + "\n"
+
+
+def test_flag_ranges_are_the_python_apis():
+    """--temperature and --seed accept exactly what SamplingParams and generate() do, at the edges."""
+    from minispec.generate import parse_args
+    from minispec.sampling import MIN_TEMPERATURE, SamplingParams
+
+    assert parse_args(["--temperature", str(MIN_TEMPERATURE)]).temperature == SamplingParams(MIN_TEMPERATURE).temperature
+    assert parse_args(["--temperature", "0"]).temperature == 0
+    assert parse_args(["--seed", str(2**64 - 1)]).seed == 2**64 - 1
+
+
+def test_run_main_turns_errors_interrupts_and_closed_pipes_into_exit_statuses(capsys, monkeypatch):
+    """One line and 2 for a MinispecError (even one whose message has a line break), one line and 130
+    for Ctrl-C, nothing and 141 for a closed stdout; any other exception is a bug and escapes."""
+    from minispec.cli import run_main
+    from minispec.errors import MinispecError
+
+    def raising(error):
+        def body():
+            print("partial", end="")
+            raise error
+        return body
+
+    assert run_main("prog", raising(MinispecError("bad --x\nexpected y"))) == 2
+    assert capsys.readouterr() == ("partial", "prog: error: bad --x expected y\n")
+    assert run_main("prog", raising(KeyboardInterrupt())) == 130
+    assert capsys.readouterr() == ("partial", "prog: interrupted\n")
+    assert run_main("prog", raising(BrokenPipeError())) == 141
+    assert capsys.readouterr().err == ""
+    flushed = []
+    monkeypatch.setattr(sys.stdout, "flush", lambda: flushed.append(1) or (_ for _ in ()).throw(BrokenPipeError()))
+    assert run_main("prog", lambda: 0) == 141 and flushed  # a pipe closed after the last write shows at the flush
+    monkeypatch.undo()
+    with pytest.raises(ZeroDivisionError):
+        run_main("prog", lambda: 1 / 0)
+
+
+def test_interrupted_generation_keeps_what_was_generated(real_ckpt, capsys, monkeypatch):
+    """Ctrl-C while generating: the streamed text so far ends with its newline, and --json prints the
+    object with the tokens so far, finish_reason "interrupted"; exit 130 and one line on stderr."""
+    import minispec.speculative
+
+    real_generate = minispec.speculative.generate
+
+    def interrupted_after_four_tokens(*args, on_tokens, **kwargs):
+        def callback(tokens, num_accepted, num_proposed):
+            on_tokens(tokens, num_accepted, num_proposed)
+            if callback.count >= 4:
+                raise KeyboardInterrupt
+            callback.count += len(tokens)
+        callback.count = 0
+        return real_generate(*args, on_tokens=callback, **kwargs)
+
+    monkeypatch.setattr(minispec.speculative, "generate", interrupted_after_four_tokens)
+    common = ("--ckpt", str(real_ckpt), "--max-new-tokens", "30")
+    code, out, err = run_cli(capsys, *common, "--json")
+    result = json.loads(out)
+    assert code == 130 and err == "minispec.generate: interrupted\n"
+    assert result["finish_reason"] == "interrupted" and len(result["tokens"]) == 5 and result["stats"] is None
+    code, streamed, err = run_cli(capsys, *common)
+    assert code == 130 and err == "minispec.generate: interrupted\n"
+    assert streamed == result["text"] + "\n" and result["text"].startswith("The capital")

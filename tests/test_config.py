@@ -1,5 +1,8 @@
 """config.json parsing (minispec/config.py): both RoPE spellings, Qwen2, Qwen3, and errors that name the field."""
 
+import json
+import re
+
 import pytest
 
 from minispec.config import ModelConfig, RopeScaling
@@ -59,10 +62,50 @@ def test_qwen2_ignores_attention_bias_as_transformers_does():
         ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16},
          "field 'use_sliding_window' = true; sliding-window attention is not supported"),
         ({"vocab_size": "32"}, "field 'vocab_size' = '32'; expected an integer"),
+        ({"num_attention_heads": 0}, "field 'num_attention_heads' = 0; expected a positive integer"),  # no head_dim
+        ({"rope_scaling": "llama3"}, "field 'rope_scaling' = 'llama3'; expected an object"),
+        ({"rope_parameters": [1]}, "field 'rope_parameters' = [1]; expected an object"),
+        ({"rope_scaling": {"rope_type": "llama3", **LLAMA3, "factor": "8"}}, "field 'rope_scaling.factor' = '8'"),
+        ({"rope_scaling": {"rope_type": "llama3", **LLAMA3, "high_freq_factor": 1.0}},
+         "field 'rope_scaling.high_freq_factor' = 1.0; expected more than low_freq_factor=1.0"),
+        ({"tie_word_embeddings": "false"}, "field 'tie_word_embeddings' = 'false'; expected true or false"),
+        ({"mlp_bias": 1}, "field 'mlp_bias' = 1; expected true or false"),
+        ({"head_dim": "8"}, "field 'head_dim' = '8'; expected an integer"),
+        ({"num_key_value_heads": 0}, "field 'num_key_value_heads' = 0; expected a positive divisor"),
+        ({"rms_norm_eps": float("inf")}, "field 'rms_norm_eps' = inf; expected a positive finite number"),
+        ({"rope_theta": "1e4"}, "field 'rope_theta' = '1e4'; expected a number"),
+        ({"use_sliding_window": "no"}, "field 'use_sliding_window' = 'no'; expected true or false"),
+        ({"eos_token_id": "two"}, "field 'eos_token_id' = 'two'; expected a token id (an integer) or a list of them"),
+        ({"eos_token_id": [2, 32]}, "field 'eos_token_id' = [2, 32]; expected token ids, each 0 <= id < vocab_size=32"),
+        ({"bos_token_id": -1}, "field 'bos_token_id' = -1; expected a token id, 0 <= id < vocab_size=32"),
     ],
 )
 def test_config_errors_name_the_field(change, message):
     raw = {**BASE, **change}
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")) as err:
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
         ModelConfig.from_hf(raw)
     assert "\n" not in str(err.value)
+
+
+def test_eos_ids_are_read_as_a_tuple_of_ints():
+    assert ModelConfig.from_hf({**BASE, "eos_token_id": 2}).eos_token_ids == (2,)
+    assert ModelConfig.from_hf({**BASE, "eos_token_id": [2, 0]}).eos_token_ids == (2, 0)
+    assert ModelConfig.from_hf({**BASE, "eos_token_id": None}).eos_token_ids == ()
+
+
+@pytest.mark.parametrize("text, kind", [("[1, 2, 3]", "an array"), ("null", "null"), ('"llama"', "a string")])
+def test_a_config_json_that_is_not_an_object_names_the_file(tmp_path, text, kind):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_hf(tmp_path)
+    assert str(err.value) == f"{tmp_path / 'config.json'}: the top level is {kind}; expected a JSON object of fields"
+
+
+@pytest.mark.parametrize("change", [{"tie_word_embeddings": "false"}, {"num_key_value_heads": 3}])
+def test_errors_from_a_file_name_it_once(tmp_path, change):
+    """A type error (found while reading) and a range error (found by the dataclass) both start with the path."""
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, **change}))
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_hf(tmp_path)
+    field = next(iter(change))
+    assert str(err.value).startswith(f"{tmp_path / 'config.json'}: field '{field}' = ")

@@ -140,9 +140,69 @@ def test_template_uses_transformers_jinja_conventions(real_ckpt, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
     tok = load_tokenizer(tmp_path)
     assert tok.render_chat([{"role": "user", "content": "<b>&é"}]) == '{"role": "user", "content": "<b>&é"}\n'
-    import jinja2
-    with pytest.raises(jinja2.exceptions.TemplateError, match="one message only"):
+    with pytest.raises(CheckpointError) as error:  # raise_exception: the template refuses the messages
         tok.render_chat(QUESTION * 2)
+    assert str(error.value) == f"{tmp_path}/tokenizer_config.json: chat_template refused the messages: one message only"
+
+
+@pytest.mark.parametrize("template, says", [
+    ("{% for m in messages %}{{ m.content }}", "chat_template does not parse (Unexpected end of template."),
+    ("{{ no_such_thing.content }}", "chat_template uses an undefined name ('no_such_thing' is undefined)"),
+    ("{{ no_such_function() }}", "chat_template uses an undefined name ('no_such_function' is undefined)"),
+    ("{{ messages[0]['content'] + 1 }}", "chat_template failed while rendering (TypeError: "),
+    ("{{ raise_exception('roles must\nalternate') }}", "chat_template refused the messages: roles must alternate"),
+])
+def test_a_broken_chat_template_is_one_line_naming_it(real_ckpt, tmp_path, template, says):
+    """A template that does not parse, names what it is not given, fails or raises: a CheckpointError
+    naming tokenizer_config.json's chat_template, in one line. A bare undefined name renders as ''
+    (transformers' jinja2 settings), so it is not an error."""
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    with pytest.raises(CheckpointError) as error:
+        load_tokenizer(tmp_path).apply_chat_template(QUESTION)
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path}/tokenizer_config.json: {says}") and "\n" not in message
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "[{{ undefined_name }}]"}))
+    assert load_tokenizer(tmp_path).render_chat(QUESTION) == "[]"
+
+
+def test_encode_refuses_text_without_a_utf8_form(tok):
+    from minispec.errors import MinispecError
+
+    with pytest.raises(MinispecError) as error:
+        tok.encode("ok \udcff")  # a lone surrogate: what undecodable bytes become in Python
+    assert str(error.value) == ("text: not valid Unicode (a lone surrogate, U+DCFF, at character 3: bytes that were "
+                                "not UTF-8); expected UTF-8 text")
+    with pytest.raises(MinispecError, match="text: bytes; expected a str"):
+        tok.encode(b"hello")
+
+
+@pytest.mark.parametrize("file, content, field", [
+    ("generation_config.json", {"eos_token_id": "two"}, "eos_token_id"),
+    ("generation_config.json", {"eos_token_id": [2, 49152]}, "eos_token_id"),
+    ("generation_config.json", {"eos_token_id": True}, "eos_token_id"),
+    ("generation_config.json", {"bos_token_id": -1}, "bos_token_id"),
+    ("config.json", {"eos_token_id": [2.0]}, "eos_token_id"),
+    ("config.json", {"eos_token_id": "2"}, "eos_token_id"),
+])
+def test_bos_and_eos_ids_must_be_ids_of_this_vocabulary(real_ckpt, tmp_path, file, content, field):
+    """A string is not a list of ids (it used to become ['t', 'w', 'o']); every file read is checked."""
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / file).write_text(json.dumps(content))
+    with pytest.raises(CheckpointError) as error:
+        load_tokenizer(tmp_path)
+    assert str(error.value) == (f"{tmp_path / file}: field '{field}' = {content[field]!r}; expected a token id (an "
+                                "integer) or a list of them, each 0 <= id < 49152 (the tokenizer's vocabulary)")
+
+
+@pytest.mark.parametrize("content, field", [({"eos_token": 5}, "eos_token"), ({"bos_token": {"content": 1}}, "bos_token"),
+                                            ({"chat_template": 42}, "chat_template")])
+def test_token_strings_and_template_of_the_wrong_type(real_ckpt, tmp_path, content, field):
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(content))
+    with pytest.raises(CheckpointError) as error:
+        load_tokenizer(tmp_path)
+    assert str(error.value).startswith(f"{tmp_path}/tokenizer_config.json: field '{field}' = ")
 
 
 def test_matches_transformers_tokenizer_on_the_same_folder(tok, real_ckpt):

@@ -1,0 +1,543 @@
+"""Bad inputs, one row each, and what the user gets: one line naming the file, field or flag at
+fault and exit status 2 (a Python call: the MinispecError subclass, with the same message), or
+the correct behaviour. docs/bad_inputs.md is this table as run (scripts/bad_inputs_doc.py).
+
+A row is a `Row`: a case name (the test id), the command line after `python -m <module>` or a
+Python expression, the exit status or exception class expected, and the words the one line must
+name. CKPT in a row is a fresh copy of a tiny random checkpoint (a byte-level tokenizer, a chat
+template), broken first by the row's `setup`; TINY is an intact one. Command lines run as
+`<module>.main(argv)` in this process (what `python -m` runs, with stdin, stdout and stderr
+swapped for buffers), except the rows that need a real process: Ctrl-C and a closed pipe.
+
+To add a row, append to ROWS (a `cli(...)` or `api(...)` call), then run
+`python scripts/bad_inputs_doc.py` to regenerate the doc. API rows are evaluated with the names in
+`api_namespace`: model and tok (CKPT loaded), generate (minispec.speculative.generate), torch,
+minispec, acceptance, SamplingParams, ...
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import importlib
+import io
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from minispec.errors import CheckpointError, ConfigError, MinispecError
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "bad_inputs.md"
+DELETE = object()  # edit_json(..., field=DELETE) removes the field
+
+# ---------------------------------------------------------------- the tiny checkpoint
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TINY_CONFIG = {
+    "model_type": "llama", "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "max_position_embeddings": 512, "tie_word_embeddings": True, "bos_token_id": 257, "eos_token_id": 258,
+}
+
+
+def build_tiny_checkpoint(folder: Path) -> Path:
+    """A complete checkpoint folder in a few kB: 256 byte tokens + <|endoftext|>, <|im_start|>, <|im_end|>
+    (any text encodes), a ChatML template, and a random 2-layer Llama over those 259 ids."""
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from minispec.config import ModelConfig
+    from minispec.testing import random_model
+
+    folder.mkdir(parents=True)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    backend.save(str(folder / "tokenizer.json"))
+    (folder / "config.json").write_text(json.dumps(TINY_CONFIG, indent=1))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHAT_TEMPLATE, "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}, indent=1))
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 257, "eos_token_id": 258}))
+    model = random_model(ModelConfig.from_hf(TINY_CONFIG), seed=0, dtype=torch.float32)
+    state = {"model." + k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, folder / "model.safetensors")
+    return folder
+
+
+# ---------------------------------------------------------------- how a row breaks CKPT
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What is done to CKPT before the row runs, and how the doc says it."""
+
+    description: str
+    apply: Callable[[Path], None]
+
+
+def edit_json(file: str, **changes) -> Setup:
+    def apply(folder: Path) -> None:
+        content = json.loads((folder / file).read_text())
+        for key, value in changes.items():
+            if value is DELETE:
+                content.pop(key, None)
+            else:
+                content[key] = value
+        (folder / file).write_text(json.dumps(content))
+
+    shown = ", ".join(f"no {k}" if v is DELETE else f'"{k}": {json.dumps(v)}' for k, v in changes.items())
+    return Setup(f"{file}: {shown}", apply)
+
+
+def write(file: str, data: bytes | str, description: str) -> Setup:
+    def apply(folder: Path) -> None:
+        (folder / file).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+    return Setup(description, apply)
+
+
+def truncate(file: str, size: int) -> Setup:
+    def apply(folder: Path) -> None:
+        (folder / file).write_bytes((folder / file).read_bytes()[:size])
+
+    return Setup(f"{file} cut to its first {size} bytes", apply)
+
+
+def tensor_as(name: str, dtype: torch.dtype) -> Setup:
+    def apply(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(folder / "model.safetensors")
+        state[name] = state[name].to(dtype)
+        save_file(state, folder / "model.safetensors")
+
+    return Setup(f"tensor {name} stored as {str(dtype).removeprefix('torch.')}", apply)
+
+
+def long_run() -> Setup:
+    """Room for a generation that runs until it is stopped: a long context and no eos anywhere."""
+    steps = [edit_json("config.json", max_position_embeddings=65536, eos_token_id=DELETE),
+             edit_json("tokenizer_config.json", eos_token=DELETE), edit_json("generation_config.json", eos_token_id=DELETE)]
+    return Setup("no eos, max_position_embeddings 65536", lambda folder: [s.apply(folder) for s in steps])
+
+
+def fifo(name: str) -> Setup:
+    return Setup(f"{name}: a named pipe (the prompt arrives when the test writes it)", lambda folder: os.mkfifo(folder / name))
+
+
+def both(*setups: Setup) -> Setup:
+    return Setup("; ".join(s.description for s in setups), lambda folder: [s.apply(folder) for s in setups])
+
+
+# ---------------------------------------------------------------- rows
+
+
+@dataclass
+class Outcome:
+    """What running a row gave: an exit status and the streams (a command line) or an exception (a call)."""
+
+    code: int | None = None
+    error: BaseException | None = None
+    out: str = ""
+    err: str = ""
+    seen: str = ""  # the one line the user sees, CKPT/TINY for the folders: what the doc shows
+
+
+@dataclass(frozen=True)
+class Row:
+    case: str  # short name: the test id, the doc's first column
+    command: tuple[str, ...] | str  # argv after `python -m <module>`; for run="api", a Python expression
+    expect: int | type[MinispecError]  # exit status; for run="api", the exception class
+    names: tuple[str, ...] = ()  # words the one line must contain; none: nothing on stderr at all
+    absent: tuple[str, ...] = ()  # words it must not contain
+    setup: Setup | None = None  # how CKPT is broken
+    stdin: bytes | None = None
+    module: str = "minispec.generate"
+    run: str = "main"  # main | api | interrupt-streaming | interrupt-generating | interrupt-before | pipe
+    check: Callable[[Outcome, Path], None] | None = None  # more to assert: (outcome, CKPT)
+    note: str = ""  # for the doc: how the command is run, or what the correct behaviour is
+
+
+def cli(case: str, argv: str | list[str], expect: int, *names: str, **more) -> Row:
+    """A command-line row: argv a string (split on spaces) or a list (for arguments with spaces or odd bytes)."""
+    return Row(case, tuple(argv.split() if isinstance(argv, str) else argv), expect, names, **more)
+
+
+def api(case: str, expression: str, expect: type[MinispecError], *names: str, **more) -> Row:
+    return Row(case, expression, expect, names, run="api", **more)
+
+
+G = "--ckpt CKPT --max-new-tokens 2"  # the start of most generate rows
+LONG = ["--ckpt", "CKPT", "--raw", "--max-new-tokens", "60000"]  # with setup=long_run(): runs until stopped
+WEIGHTS = "model.safetensors"
+
+
+def json_out(outcome: Outcome) -> dict:
+    return json.loads(outcome.out)
+
+
+def check_empty_system(outcome: Outcome, folder: Path) -> None:
+    from minispec import load_tokenizer
+
+    tok, user = load_tokenizer(folder), {"role": "user", "content": "hi"}
+    with_empty = len(tok.apply_chat_template([{"role": "system", "content": ""}, user]))
+    assert json_out(outcome)["prompt_tokens"] == with_empty != len(tok.apply_chat_template([user]))
+
+
+def check_finished(outcome: Outcome, folder: Path) -> None:
+    assert json_out(outcome)["finish_reason"] in ("length", "eos")
+
+
+def check_streamed_text_kept(outcome: Outcome, folder: Path) -> None:
+    assert len(outcome.out) > 1 and outcome.out.endswith("\n")  # the text so far, ended as a finished one is
+
+
+def check_interrupted_json(outcome: Outcome, folder: Path, generated: bool = True) -> None:
+    from minispec import load_tokenizer
+
+    result = json_out(outcome)
+    assert result["finish_reason"] == "interrupted" and result["stats"] is None
+    assert bool(result["tokens"]) == generated and (result["prompt_tokens"] is not None) == generated
+    assert result["text"] == load_tokenizer(folder).decode(result["tokens"], skip_special_tokens=True)
+
+
+ROWS: list[Row] = [
+    # ---- weights files that are not safetensors, or hold what a model cannot use
+    cli("weights-truncated", G, 2, f"CKPT/{WEIGHTS}", setup=truncate(WEIGHTS, 100)),
+    cli("weights-empty", G, 2, f"CKPT/{WEIGHTS}", setup=write(WEIGHTS, b"", f"{WEIGHTS} empty")),
+    cli("weights-random-bytes", G, 2, f"CKPT/{WEIGHTS}",
+        setup=write(WEIGHTS, bytes(range(256)) * 4, f"{WEIGHTS}: 1024 bytes that are not safetensors")),
+    cli("weights-oversized-header", G, 2, f"CKPT/{WEIGHTS}",
+        setup=write(WEIGHTS, (2**40).to_bytes(8, "little") + b"{}", f"{WEIGHTS}: a header length of 2**40")),
+    cli("draft-weights-truncated", "--ckpt TINY --draft CKPT --max-new-tokens 2", 2, f"CKPT/{WEIGHTS}",
+        setup=truncate(WEIGHTS, 100)),
+    api("load-model-truncated", "load_model(CKPT)", CheckpointError, f"CKPT/{WEIGHTS}", setup=truncate(WEIGHTS, 100)),
+    cli("tensor-int32", G, 2, f"CKPT/{WEIGHTS}", "model.norm.weight", "int32",
+        setup=tensor_as("model.norm.weight", torch.int32)),
+    # ---- config.json
+    cli("config-array", G, 2, "CKPT/config.json", "object", setup=write("config.json", "[1, 2, 3]", "config.json: [1, 2, 3]")),
+    cli("config-null", G, 2, "CKPT/config.json", "object", setup=write("config.json", "null", "config.json: null")),
+    cli("config-zero-heads", G, 2, "CKPT/config.json", "num_attention_heads",
+        setup=edit_json("config.json", num_attention_heads=0, head_dim=DELETE)),
+    cli("config-rope-scaling-string", G, 2, "CKPT/config.json", "rope_scaling",
+        setup=edit_json("config.json", rope_scaling="llama3")),
+    cli("config-tie-as-string", G, 2, "CKPT/config.json", "tie_word_embeddings",
+        setup=edit_json("config.json", tie_word_embeddings="false")),
+    cli("config-eos-string", G, 2, "CKPT/config.json", "eos_token_id", setup=edit_json("config.json", eos_token_id="two")),
+    cli("config-eos-outside-vocab", G, 2, "CKPT/config.json", "eos_token_id",
+        setup=edit_json("config.json", eos_token_id=[258, 1000])),
+    api("config-dict-eps-string", "ModelConfig.from_hf({**TINY_CONFIG, 'rms_norm_eps': '1e-5'})", ConfigError,
+        "rms_norm_eps"),
+    # ---- generation_config.json, tokenizer_config.json
+    cli("generation-eos-string", G, 2, "CKPT/generation_config.json", "eos_token_id",
+        setup=edit_json("generation_config.json", eos_token_id="two")),
+    cli("generation-eos-outside-vocab", G, 2, "CKPT/generation_config.json", "eos_token_id",
+        setup=edit_json("generation_config.json", eos_token_id=[258, 5000])),
+    api("load-tokenizer-eos-string", "load_tokenizer(CKPT)", CheckpointError, "CKPT/generation_config.json",
+        "eos_token_id", setup=edit_json("generation_config.json", eos_token_id="two")),
+    cli("tokenizer-eos-token-number", G, 2, "CKPT/tokenizer_config.json", "eos_token",
+        setup=edit_json("tokenizer_config.json", eos_token=5)),
+    cli("template-does-not-parse", G, 2, "CKPT/tokenizer_config.json", "chat_template",
+        setup=edit_json("tokenizer_config.json", chat_template="{% for m in messages %}{{ m['content'] }}")),
+    cli("template-raises", G, 2, "CKPT/tokenizer_config.json", "chat_template", "one message only",
+        setup=edit_json("tokenizer_config.json", chat_template="{{ raise_exception('one message only') }}")),
+    cli("template-undefined-name", G, 2, "CKPT/tokenizer_config.json", "chat_template", "undefined",
+        setup=edit_json("tokenizer_config.json", chat_template="{{ no_such_thing.content }}")),
+    cli("template-not-a-string", G, 2, "CKPT/tokenizer_config.json", "chat_template",
+        setup=edit_json("tokenizer_config.json", chat_template=42)),
+    api("apply-template-raises", "tok.apply_chat_template([{'role': 'user', 'content': 'hi'}])", CheckpointError,
+        "CKPT/tokenizer_config.json", "chat_template",
+        setup=edit_json("tokenizer_config.json", chat_template="{{ raise_exception('one message only') }}")),
+    # ---- text that is not UTF-8
+    api("encode-lone-surrogate", "tok.encode('\\udcff')", MinispecError, "text", "UTF-8"),
+    cli("prompt-not-utf8", ["--ckpt", "CKPT", "--prompt", os.fsdecode(b"caf\xe9")], 2, "--prompt", "UTF-8",
+        note="argv bytes that are not UTF-8 (Latin-1 'café')"),
+    cli("prompt-file-not-utf8", f"{G} --prompt-file CKPT/prompt.txt", 2, "--prompt-file", "CKPT/prompt.txt", "UTF-8",
+        setup=write("prompt.txt", b"caf\xe9", "prompt.txt: Latin-1 'café'")),
+    cli("stdin-not-utf8", f"{G} --prompt-file -", 2, "--prompt-file -", "stdin", "UTF-8", stdin=b"caf\xe9"),
+    cli("system-not-utf8", ["--ckpt", "CKPT", "--system", os.fsdecode(b"\xff")], 2, "--system", "UTF-8"),
+    cli("stop-not-utf8", ["--ckpt", "CKPT", "--stop", os.fsdecode(b"\xff")], 2, "--stop", "UTF-8"),
+    # ---- numeric flags and their Python API twins
+    cli("seed-2**64", f"{G} --seed 18446744073709551616", 2, "--seed"),
+    cli("seed-negative", f"{G} --seed -1", 2, "--seed"),
+    cli("seed-largest", f"{G} --temperature 1 --seed 18446744073709551615 --json", 0, check=check_finished,
+        note="the largest seed works"),
+    cli("temperature-tiny", f"{G} --temperature 1e-40", 2, "--temperature"),
+    cli("temperature-inf", f"{G} --temperature inf", 2, "--temperature"),
+    api("sampling-temperature-tiny", "SamplingParams(temperature=1e-40)", MinispecError, "temperature"),
+    api("sampling-temperature-inf", "SamplingParams(temperature=float('inf'))", MinispecError, "temperature"),
+    api("sampling-top-k-float", "SamplingParams(0.7, top_k=2.5)", MinispecError, "top_k"),
+    api("sampling-top-p-nan", "SamplingParams(0.7, top_p=float('nan'))", MinispecError, "top_p"),
+    api("generate-temperature-tiny", "generate(model, [1, 2], max_new_tokens=2, temperature=1e-40)", MinispecError,
+        "temperature"),
+    # ---- devices
+    cli("device-meta", f"{G} --device meta", 2, "--device"),
+    cli("device-unknown", f"{G} --device tpu9", 2, "--device"),
+    # ---- chat mode and --system
+    cli("system-without-template", f"{G} --system hi", 2, "--system", "chat template",
+        setup=edit_json("tokenizer_config.json", chat_template=DELETE)),
+    cli("system-with-raw", f"{G} --raw --system hi", 2, "--system", "--raw"),
+    cli("chat-without-template", f"{G} --chat", 2, "CKPT/tokenizer_config.json", "chat_template",
+        setup=edit_json("tokenizer_config.json", chat_template=DELETE)),
+    cli("system-empty", ["--ckpt", "CKPT", "--max-new-tokens", "1", "--prompt", "hi", "--system", "", "--json"], 0,
+        check=check_empty_system, note="an empty system message, not the template's default"),
+    # ---- lengths: gamma never enters the context check
+    cli("gamma-huge", f"{G} --draft ngram --gamma 10000 --json", 0, check=check_finished,
+        note="drafts are capped by max_new_tokens; gamma needs no room in the context"),
+    cli("context-overflow-with-gamma", "--ckpt CKPT --max-new-tokens 600 --draft ngram --gamma 10000", 2,
+        "max_new_tokens=600", "max_position_embeddings=512", absent=("gamma",)),
+    # ---- the weights command shares the exit path
+    cli("weights-dest-is-a-file", f"--dest CKPT/{WEIGHTS}", 2, f"CKPT/{WEIGHTS}", module="minispec.weights"),
+    # ---- Ctrl-C and a closed pipe (a real process each)
+    Row("ctrl-c-streaming", tuple(LONG), 130, ("minispec.generate: interrupted",), setup=long_run(),
+        run="interrupt-streaming", check=check_streamed_text_kept,
+        note="Ctrl-C once text is streaming: the text so far stays on stdout"),
+    Row("ctrl-c-json", (*LONG, "--json", "--prompt-file", "CKPT/prompt"), 130, ("minispec.generate: interrupted",),
+        setup=both(long_run(), fifo("prompt")), run="interrupt-generating", check=check_interrupted_json,
+        note='Ctrl-C while generating: stdout has the JSON object so far, "finish_reason": "interrupted"'),
+    Row("ctrl-c-before-generating", (*LONG, "--json", "--prompt-file", "CKPT/prompt"), 130,
+        ("minispec.generate: interrupted",), setup=both(long_run(), fifo("prompt")), run="interrupt-before",
+        check=lambda outcome, folder: check_interrupted_json(outcome, folder, generated=False),
+        note='Ctrl-C while it waits for the prompt: the JSON object, no tokens, "interrupted"'),
+    Row("stdout-closed", tuple(LONG), 141, (), setup=long_run(), run="pipe",
+        note="the reader closes the pipe after 10 bytes (`| head -c 10`): quiet exit 141, as `yes | head`"),
+]
+
+
+# ---------------------------------------------------------------- running a row
+
+
+def api_namespace(folder: Path, tiny: Path) -> dict:
+    """What API rows can name. model and tok load CKPT when first used (a row may have broken it)."""
+    import minispec
+    from minispec import acceptance, load_model, load_tokenizer
+    from minispec.config import ModelConfig
+    from minispec.drafters import NgramDrafter
+    from minispec.sampling import SamplingParams
+    from minispec.speculative import generate
+
+    class Namespace(dict):
+        def __missing__(self, name):
+            loaders = {"model": lambda: load_model(folder), "tok": lambda: load_tokenizer(folder)}
+            if name not in loaders:
+                raise KeyError(name)
+            self[name] = loaders[name]()
+            return self[name]
+
+    return Namespace(__builtins__=builtins, minispec=minispec, torch=torch, acceptance=acceptance,
+                     load_model=load_model, load_tokenizer=load_tokenizer, ModelConfig=ModelConfig,
+                     SamplingParams=SamplingParams, generate=generate, NgramDrafter=NgramDrafter,
+                     TINY_CONFIG=TINY_CONFIG, CKPT=folder, TINY=tiny)
+
+
+def run_row(row: Row, tiny: Path, folder: Path) -> Outcome:
+    """Copy TINY to `folder` (CKPT), break it with row.setup, run the row."""
+    import shutil
+
+    shutil.copytree(tiny, folder)
+    if row.setup is not None:
+        row.setup.apply(folder)
+    if row.run == "api":
+        outcome = Outcome()
+        try:
+            eval(row.command, api_namespace(folder, tiny))
+        except MinispecError as error:  # anything else is a bug: it escapes, and the row fails
+            outcome.error = error
+        seen = "" if outcome.error is None else f"{type(outcome.error).__name__}: {outcome.error}"
+    else:
+        argv = [arg.replace("CKPT", str(folder)).replace("TINY", str(tiny)) for arg in row.command]
+        outcome = _run_in_process(row, argv) if row.run == "main" else _run_process(row, argv, folder)
+        seen = outcome.err.rstrip("\n")
+    outcome.seen = seen.replace(str(folder), "CKPT").replace(str(tiny), "TINY")
+    return outcome
+
+
+def _run_in_process(row: Row, argv: list[str]) -> Outcome:
+    """`python -m <module> argv`, as its __main__ runs it: sys.exit(main(argv)), streams swapped for buffers."""
+    module = importlib.import_module(row.module)
+    out, err = io.StringIO(), io.StringIO()
+    stdin = io.TextIOWrapper(io.BytesIO(row.stdin or b""), encoding="utf-8")
+    saved_stdin, sys.stdin = sys.stdin, stdin
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = module.main(argv)
+            except SystemExit as exit_info:  # argparse's own errors and -h
+                code = exit_info.code
+    finally:
+        sys.stdin = saved_stdin
+    return Outcome(code=code, out=out.getvalue(), err=err.getvalue())
+
+
+def _run_process(row: Row, argv: list[str], folder: Path, timeout: float = 120) -> Outcome:
+    """A real `python -m <module> argv`, Ctrl-C'd (SIGINT) or its stdout closed as row.run says."""
+    proc = subprocess.Popen([sys.executable, "-m", row.module, *argv], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    deadline = time.monotonic() + timeout
+    head, writer = b"", None
+    try:
+        if row.run in ("interrupt-streaming", "pipe"):
+            want = 1 if row.run == "interrupt-streaming" else 10
+            while len(head) < want and select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                piece = os.read(proc.stdout.fileno(), want - len(head))
+                if not piece:
+                    break  # it ended before printing that much: the checks say how
+                head += piece
+            if row.run == "pipe":
+                proc.stdout.close()  # what `head -c 10` does once it has its 10 bytes
+            elif len(head) == want:
+                proc.send_signal(signal.SIGINT)
+        else:  # the prompt comes through CKPT/prompt, a named pipe: its reader opening it means loading is done
+            while writer is None and proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    writer = os.open(folder / "prompt", os.O_WRONLY | os.O_NONBLOCK)
+                except OSError:  # ENXIO: no reader yet
+                    time.sleep(0.02)
+            if writer is not None:
+                if row.run == "interrupt-generating":
+                    os.write(writer, b"Once upon a time")
+                    os.close(writer)
+                    writer = None
+                    time.sleep(2.0)  # the prompt is read and generation runs (tokens in milliseconds)
+                proc.send_signal(signal.SIGINT)
+        if row.run == "pipe":
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            out, err = b"", proc.stderr.read()
+        else:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if writer is not None:
+            os.close(writer)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Outcome(code=proc.returncode, out=(head + out).decode("utf-8", "replace"), err=err.decode("utf-8", "replace"))
+
+
+def check_outcome(row: Row, outcome: Outcome, folder: Path) -> None:
+    """What every row promises: the exit status or exception class, one line naming what it must, then row.check."""
+    if row.run == "api":
+        assert outcome.error is not None, f"{row.command} raised nothing; expected {row.expect.__name__}"
+        assert isinstance(outcome.error, row.expect), f"raised {type(outcome.error).__name__}: {outcome.error}"
+        line = str(outcome.error)
+    else:
+        assert outcome.code == row.expect, f"exit status {outcome.code}; stderr: {outcome.err!r}"
+        if not row.names:
+            assert outcome.err == "", f"expected nothing on stderr, got {outcome.err!r}"
+        else:
+            assert outcome.err.endswith("\n") and outcome.err.count("\n") == 1, f"not one line: {outcome.err!r}"
+            assert "Traceback" not in outcome.err
+        if row.expect == 2:
+            assert outcome.err.startswith(f"{row.module}: error: ")
+        line = outcome.seen
+    assert "\n" not in line
+    for name in row.names:
+        assert name in outcome.seen, f"{name!r} not in {outcome.seen!r}"
+    for name in row.absent:
+        assert name not in outcome.seen, f"{name!r} in {outcome.seen!r}"
+    if row.check is not None:
+        row.check(outcome, folder)
+
+
+# ---------------------------------------------------------------- the doc
+
+
+DOC_HEADER = """\
+# Bad inputs: what the user sees
+
+Generated by `python scripts/bad_inputs_doc.py` from the table in `tests/test_bad_inputs.py`, which
+runs every row and checks it (`--check` says whether this file is current). CKPT is a copy of a tiny
+random checkpoint (byte-level tokenizer, ChatML template), changed as its column says; TINY is an
+intact one. A user mistake ends in one line on stderr and exit status 2, never a traceback; the
+Python API raises the MinispecError subclass shown, with the same message. Ctrl-C ends in one line
+and exit status 130; a closed stdout ends quietly with 141.
+
+Choices made here: `--seed` and `seed=` take 0 <= seed < 2**64 (what torch takes; a negative seed is
+refused rather than wrapped); `temperature` is 0 (greedy) or a finite number >= 0.001 (below it
+logits / T can overflow, and sampling is greedy in all but name); `--system ''` is an empty system
+message; `--json` interrupted still prints its one object.
+
+| case | CKPT | command | exit | what the user sees |
+|---|---|---|---|---|
+"""
+
+
+def shown_command(row: Row) -> str:
+    if row.run == "api":
+        return row.command
+
+    def quote(arg: str) -> str:
+        raw = os.fsencode(arg)
+        if any(b > 127 for b in raw):  # bytes that are not UTF-8, as bash writes them
+            return "$'" + "".join(chr(b) if b < 128 else f"\\x{b:02x}" for b in raw) + "'"
+        import shlex
+
+        return shlex.quote(arg)
+
+    command = f"python -m {row.module} " + " ".join(quote(arg) for arg in row.command)
+    if row.stdin is not None:
+        command = f"printf {quote(os.fsdecode(row.stdin))} | {command}"
+    return command
+
+
+def doc_row(row: Row, outcome: Outcome) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    def code(text: str) -> str:
+        return f"`` {cell(text)} ``" if "`" in text else f"`{cell(text)}`"
+
+    exit_status = f"raises {row.expect.__name__}" if row.run == "api" else str(outcome.code)
+    seen = code(outcome.seen) if outcome.seen else "(nothing on stderr)"
+    if row.note:
+        seen += f"; {cell(row.note)}"
+    setup = cell(row.setup.description) if row.setup else ""
+    return f"| {row.case} | {setup} | {code(shown_command(row))} | {exit_status} | {seen} |"
+
+
+def render_doc(rows: list[Row], outcomes: list[Outcome]) -> str:
+    return DOC_HEADER + "".join(doc_row(row, outcome) + "\n" for row, outcome in zip(rows, outcomes))
+
+
+def doc_cases(text: str) -> list[str]:
+    """The case column of the doc's table."""
+    body = text.split("|---|---|---|---|---|\n", 1)[-1]
+    return [line.split("|")[1].strip() for line in body.splitlines() if line.startswith("| ")]
+
+
+# ---------------------------------------------------------------- the tests
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "TINY")
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.case for row in ROWS])
+def test_bad_input(row, tiny, tmp_path):
+    folder = tmp_path / "CKPT"
+    outcome = run_row(row, tiny, folder)
+    check_outcome(row, outcome, folder)
+    assert doc_row(row, outcome) in DOC.read_text(encoding="utf-8").splitlines(), \
+        "docs/bad_inputs.md is out of date for this row: run python scripts/bad_inputs_doc.py"
+
+
+def test_rows_have_unique_names_and_the_doc_lists_them_in_order():
+    cases = [row.case for row in ROWS]
+    assert len(set(cases)) == len(cases)
+    assert doc_cases(DOC.read_text(encoding="utf-8")) == cases, \
+        "docs/bad_inputs.md lists other cases: run python scripts/bad_inputs_doc.py"
