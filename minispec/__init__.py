@@ -16,18 +16,21 @@ kernels.apply(model, "fast")), weights.py (fetch + convert the default checkpoin
 benchmarks in scripts/.
 """
 
-from minispec.checkpoint import load_model
-from minispec.config import ModelConfig
-from minispec.errors import MinispecError
-from minispec.kv_cache import KVCache
-from minispec.model import Transformer
+from importlib import import_module
+
+# The names below load on first use (PEP 562), so that `import minispec.errors` or the CLI's first
+# lines do not wait for torch.
+_LAZY = {"load_model": "minispec.checkpoint", "ModelConfig": "minispec.config", "KVCache": "minispec.kv_cache",
+         "Transformer": "minispec.model", "load_tokenizer": "minispec.tokenizer"}
+from minispec.errors import MinispecError  # noqa: E402 (no torch)
 
 
-def load_tokenizer(path):
-    """The checkpoint's tokenizer (tokenizer.json + chat template); see minispec.tokenizer."""
-    from minispec.tokenizer import load_tokenizer as _load
-
-    return _load(path)
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'minispec' has no attribute {name!r}")
 
 
 __all__ = ["load_model", "load_tokenizer", "ModelConfig", "KVCache", "Transformer", "MinispecError"]

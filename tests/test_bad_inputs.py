@@ -284,6 +284,30 @@ ROWS: list[Row] = [
     api("sampling-top-p-nan", "SamplingParams(0.7, top_p=float('nan'))", MinispecError, "top_p"),
     api("generate-temperature-tiny", "generate(model, [1, 2], max_new_tokens=2, temperature=1e-40)", MinispecError,
         "temperature"),
+    # ---- the generation API's own arguments
+    api("generate-prompt-2d", "generate(model, torch.tensor([[1, 2]]), max_new_tokens=2)", MinispecError,
+        "prompt_ids", "1-D"),
+    api("generate-prompt-str", "generate(model, 'hello', max_new_tokens=2)", MinispecError, "prompt_ids",
+        "tokenizer.encode"),
+    api("generate-prompt-none", "generate(model, None, max_new_tokens=2)", MinispecError, "prompt_ids"),
+    api("generate-prompt-floats", "generate(model, [1.7, 2.9], max_new_tokens=2)", MinispecError, "prompt_ids",
+        "1.7", "integer"),
+    api("generate-max-new-tokens-float", "generate(model, [1, 2], max_new_tokens=2.5)", MinispecError,
+        "max_new_tokens = 2.5"),
+    api("generate-seed-2**64", "generate(model, [1, 2], max_new_tokens=2, seed=2**64)", MinispecError, "seed"),
+    api("generate-eos-string", "generate(model, [1, 2], max_new_tokens=2, eos_token_ids='two')", MinispecError,
+        "eos_token_ids"),
+    api("generate-gamma-float", "generate(model, [1, 2], max_new_tokens=2, draft='ngram', gamma=2.0)", MinispecError,
+        "gamma"),
+    api("policy-option-unknown-exact", "acceptance.get('exact', p=0.3)", MinispecError, "'exact'", "['p']",
+        "no options"),
+    api("policy-option-unknown-dropmatch", "acceptance.get('dropmatch', q=0.3)", MinispecError, "'dropmatch'",
+        "['q']"),
+    api("policy-option-out-of-range", "acceptance.get('dropmatch', p=float('nan'))", MinispecError, "p = nan"),
+    api("ngram-drafter-other-vocabulary", "generate(model, [1, 2], max_new_tokens=2, draft=NgramDrafter(vocab_size=16))",
+        MinispecError, "NgramDrafter(vocab_size=16)", "259"),
+    api("convert-short-gguf", "convert_gguf(CKPT / 'short.gguf', CKPT / 'converted')", CheckpointError,
+        "CKPT/short.gguf", "GGUF", setup=write("short.gguf", b"GGUF\x03\x00\x00\x00", "short.gguf: 8 bytes")),
     # ---- devices
     cli("device-meta", f"{G} --device meta", 2, "--device"),
     cli("device-unknown", f"{G} --device tpu9", 2, "--device"),
@@ -329,6 +353,7 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
     from minispec.drafters import NgramDrafter
     from minispec.sampling import SamplingParams
     from minispec.speculative import generate
+    from minispec.weights import convert_gguf
 
     class Namespace(dict):
         def __missing__(self, name):
@@ -340,7 +365,7 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
 
     return Namespace(__builtins__=builtins, minispec=minispec, torch=torch, acceptance=acceptance,
                      load_model=load_model, load_tokenizer=load_tokenizer, ModelConfig=ModelConfig,
-                     SamplingParams=SamplingParams, generate=generate, NgramDrafter=NgramDrafter,
+                     SamplingParams=SamplingParams, generate=generate, NgramDrafter=NgramDrafter, convert_gguf=convert_gguf,
                      TINY_CONFIG=TINY_CONFIG, CKPT=folder, TINY=tiny)
 
 
@@ -509,8 +534,27 @@ def doc_row(row: Row, outcome: Outcome) -> str:
     return f"| {row.case} | {setup} | {code(shown_command(row))} | {exit_status} | {seen} |"
 
 
+DOC_FOOTER = """
+## Faults the converter survives
+
+`python -m minispec.weights` and the default checkpoint's first use (minispec/weights.py). These
+need real processes, kills and permissions, so they are tested in `tests/test_weights_faults.py`
+and `tests/test_weights.py` rather than in the table:
+
+- killed (SIGKILL) after the download, while writing, after converting, between the two renames
+  of `--force`: nothing loadable is half-written; the next run (or load) restores or finishes the
+  swap and removes the killed run's temp folder;
+- Ctrl-C, sys.exit or an error during a conversion: its temp folder is removed on the way out;
+- two first-use conversions racing: one converts, the other waits on the lock and reuses it
+  (both exit 0);
+- a read-only destination: one line naming the folder, before anything is downloaded;
+- `--force` replaces only the five files the converter writes; every file gets the umask's mode;
+- a truncated or garbled GGUF file: one line naming the file (the `convert-short-gguf` row).
+"""
+
+
 def render_doc(rows: list[Row], outcomes: list[Outcome]) -> str:
-    return DOC_HEADER + "".join(doc_row(row, outcome) + "\n" for row, outcome in zip(rows, outcomes))
+    return DOC_HEADER + "".join(doc_row(row, outcome) + "\n" for row, outcome in zip(rows, outcomes)) + DOC_FOOTER
 
 
 def doc_cases(text: str) -> list[str]:

@@ -347,3 +347,12 @@ def test_interrupted_generation_keeps_what_was_generated(real_ckpt, capsys, monk
     code, streamed, err = run_cli(capsys, *common)
     assert code == 130 and err == "minispec.generate: interrupted\n"
     assert streamed == result["text"] + "\n" and result["text"].startswith("The capital")
+
+
+def test_command_lines_reach_run_main_before_torch_loads():
+    """Ctrl-C while torch loads (the first second or two of every run) must be run_main's one line,
+    not an import traceback: so neither command-line module, nor the package, imports torch itself."""
+    code = ("import sys, minispec, minispec.generate, minispec.weights, minispec.errors; "
+            "print(sorted(m for m in ('torch', 'safetensors', 'tokenizers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
