@@ -315,7 +315,7 @@ CATALOGUE = [
 
 
 def copy_project(dest: Path) -> None:
-    for name in ("minispec", "tests", "scripts", ".ci"):
+    for name in ("minispec", "tests", "scripts", "docs", ".ci"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
     for name in ("setup.cfg", "pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, dest / name)
