@@ -101,7 +101,9 @@ def generate(
     on_tokens: streaming callback (TokenCallback); on_step: called with each verify step's StepRecord.
     stop_when: StopCondition, checked after every new token (also inside an accepted run).
     stats["finish_reason"]: "eos", "length" or "stop".
-    Randomness comes only from torch.Generators seeded with `seed`: same seed, same tokens.
+    Randomness comes only from torch.Generators seeded from `seed`: the loop's (draws and the
+    policy's coins) and a policy's own (DropMatch's masks, through policy.reset(seed)): same seed,
+    same tokens.
     """
     params = SamplingParams(temperature, top_k, top_p)
     generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
