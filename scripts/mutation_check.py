@@ -48,7 +48,7 @@ CATALOGUE = [
     Mutant("mask-ignores-cache-offset", "minispec/model.py",
            "query_pos = torch.arange(start, start + num_new, device=device)[:, None]",
            "query_pos = torch.arange(num_new, device=device)[:, None]",
-           "a causal mask only right when a pass starts at position 0 (LLMs-from-scratch style)"),
+           "a causal mask only right when a pass starts at position 0 (a common tutorial shortcut)"),
     Mutant("gqa-repeat-wrong-indexing", "minispec/model.py",
            "            q, k, v, attn_mask=mask, enable_gqa=self.num_kv_heads != self.num_heads\n",
            "            q, k.repeat(1, self.num_heads // self.num_kv_heads, 1, 1),\n"
