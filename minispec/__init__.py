@@ -3,6 +3,7 @@
 Reading order (each file one concept; its docstring gives the math):
 
  1. speculative.py         the loop: prefill, draft, verify gamma+1 rows, decide, roll back; stats.py: tau and co.
+ 1b. tree.py, tree_speculative.py   the same loop over draft trees: one pass scores every branch
  2. acceptance/base.py     what a policy sees and returns; then exact.py, sampling.py, typical.py,
                            dropmatch.py (Algorithm 1 as written) and dropmatch_lazy.py (its exact shortcuts)
  3. drafters.py            the drafter interface and its kinds: draft model, self-draft, early exit, n-gram

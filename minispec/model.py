@@ -218,22 +218,26 @@ class Transformer(nn.Module):
         )
 
     def forward_hidden(
-        self, input_ids: torch.Tensor, cache: KVCache | None = None, *, num_layers: int | None = None
+        self, input_ids: torch.Tensor, cache: KVCache | None = None, *, num_layers: int | None = None,
+        positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states (after the final norm, i.e. the LM-head input): [B, T, d].
 
         input_ids: [B, T]. With a cache, the tokens go at positions [cache.length, cache.length+T)
         and the cache advances by T. `num_layers` runs only the first N blocks (early exit);
-        the cache must then have at least N layers.
+        the cache must then have at least N layers. A draft tree (minispec.tree) passes its own
+        RoPE `positions` [T] (by depth) and attention `mask` [T, start+T] (ancestors only); the
+        keys and values still go into the cache in row order.
         """
         B, T = input_ids.shape
         start = 0 if cache is None else cache.length
         if cache is not None:
             cache.check_room(T)
         x = self.embed_tokens(input_ids)  # [B, T, d]; its dtype is the activations' dtype
-        positions = torch.arange(start, start + T, device=input_ids.device)
+        if positions is None:
+            positions = torch.arange(start, start + T, device=input_ids.device)
+            mask = causal_mask(start, T, input_ids.device)
         cos, sin = rope_cos_sin(positions, self._inv_freq.to(input_ids.device), x.dtype)
-        mask = causal_mask(start, T, input_ids.device)
         for block in self.layers[:num_layers]:
             x = block(x, cos, sin, mask, cache)
         if cache is not None:

@@ -1,0 +1,163 @@
+"""The draft-then-verify loop over trees: the second chapter, after speculative.py's chain.
+
+The chain loop drafts d_1..d_g and keeps a prefix. Here a drafter proposes a tree of candidates
+(minispec.tree.DraftTree), the target scores every node in ONE pass (each node sees only its
+ancestors), and the policy walks down from the root:
+
+    draft:    tree      = drafter.propose_tree(seq, budget, depth)   N nodes, at most `depth` deep
+    verify:   logits    = target([last, node 0..N-1])                N+1 rows, tree positions and mask
+    decide:   path, y   = walk(tree, logits)                         the accepted nodes, then y
+    rollback: keep_path(cache, path)                                 the accepted rows move into place
+    stats:    tau = tokens emitted per verify step; nodes verified per step; accepted depth
+
+Greedy walk (temperature 0): at the root, y = argmax of row 0; if a child of the root carries y,
+accept it and look at that child's row next; else y is the correction. A fully accepted leaf
+ends with its row's argmax as the bonus token. So the output equals plain greedy decoding for
+any tree, exactly as the chain's exact match does, and a width-1 tree IS the chain.
+
+Budget: a tree of N nodes costs one verify pass of N+1 rows (a chain of gamma costs gamma+1), so
+trees and chains compare at equal N+1.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from minispec.errors import MinispecError
+from minispec.model import Transformer
+from minispec.sampling import greedy_token
+from minispec.speculative import GenerationResult, _check_prompt, finish_reason, prefill
+from minispec.stats import timing_stats
+from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
+
+
+class NgramTreeDrafter:
+    """Prompt lookup with several candidates: EVERY earlier occurrence of the context's last n
+    tokens (n = max_ngram down to min_ngram, most recent first) proposes what followed it; the
+    continuations are merged into one tree (a trie: shared prefixes are one node) until the node
+    budget is spent. q_draft rows are one-hot (the drafter is certain of each candidate)."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise MinispecError(f"ngram sizes: min_ngram={min_ngram}, max_ngram={max_ngram}; expected 1 <= min <= max")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.name = f"ngram-tree:{max_ngram}"
+
+    def candidates(self, context: list[int], depth: int) -> list[list[int]]:
+        """The continuations after every earlier match of the context's suffix, most recent first."""
+        found = []
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            suffix = context[-n:]
+            for start in range(len(context) - n - 1, -1, -1):  # not the suffix itself
+                if context[start:start + n] == suffix:
+                    found.append(context[start + n:start + n + depth])
+        return [c for c in found if c]
+
+    def propose_tree(self, context: list[int], budget: int, depth: int, vocab_size: int) -> DraftTree:
+        tokens: list[int] = []
+        parents: list[int] = []
+        child_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for candidate in self.candidates(context, depth):
+            parent = -1
+            for token in candidate:
+                node = child_of.get((parent, token))
+                if node is None:
+                    if len(tokens) == budget:
+                        break
+                    node = child_of[(parent, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(parent)
+                parent = node
+            if len(tokens) == budget:
+                break
+        q_draft = torch.zeros(len(tokens), vocab_size)
+        q_draft[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0  # one-hot rows
+        return DraftTree(tokens, parents, q_draft)
+
+
+def greedy_walk(tree: DraftTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """The accepted path (node indices, root's child first) and the token after it.
+
+    target_logits [N+1, V]: row 0 scores the root's children, row i+1 node i's children.
+    """
+    choice = greedy_token(target_logits).tolist()  # [N+1]: the target's argmax at every row
+    child_by_token = {(parent, token): i for i, (parent, token) in enumerate(zip(tree.parents, tree.tokens))}
+    path, node = [], -1
+    while True:
+        y = choice[node + 1]
+        child = child_by_token.get((node, y))
+        if child is None:
+            return path, y  # a correction, or the bonus after a fully accepted leaf
+        path.append(child)
+        node = child
+
+
+@torch.inference_mode()
+def generate_tree(
+    target: Transformer,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    drafter: NgramTreeDrafter,
+    budget: int = 8,
+    max_depth: int = 5,
+    eos_token_ids: Sequence[int] | None = None,
+) -> GenerationResult:
+    """Greedy tree-speculative decoding: output equal to plain greedy decoding.
+
+    budget: the most nodes per tree (one verify pass of budget+1 rows); max_depth: how deep.
+    """
+    for name, value in (("budget", budget), ("max_depth", max_depth)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MinispecError(f"{name} = {value!r}; expected an integer >= 1")
+    prompt = _check_prompt(target, prompt_ids, max_new_tokens)
+    eos = set(target.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    vocab = target.config.vocab_size
+    cache = target.new_cache(1, len(prompt) + max_new_tokens + budget)  # rejected branches sit there for one pass
+    t0 = time.perf_counter()
+    logits = prefill(target, prompt, cache)  # [V]
+    t_prefill = time.perf_counter() - t0
+    tokens = [int(greedy_token(logits))]
+    reason = finish_reason(tokens, eos, max_new_tokens, None)
+    steps = nodes_verified = emitted_total = 0
+    depth_histogram = [0] * (max_depth + 1)
+
+    while reason is None:
+        seq = prompt + tokens
+        # 1. Draft a tree no deeper than the tokens still to emit (a path of d nodes emits d + 1).
+        depth = min(max_depth, max_new_tokens - len(tokens) - 1)
+        tree = (drafter.propose_tree(seq, budget, depth, vocab) if depth > 0
+                else DraftTree([], [], torch.zeros(0, vocab)))
+
+        # 2. Verify every node in one pass: positions by depth, each node sees its ancestors only.
+        start = cache.length  # == len(seq) - 1: the cache holds everything but `last`
+        ids = torch.tensor([[seq[-1]] + tree.tokens], device=target.device)  # [1, N+1]
+        hidden = target.forward_hidden(ids, cache, positions=tree_positions(tree, start, target.device),
+                                       mask=tree_mask(tree, start, target.device))[0]  # [N+1, d]
+        target_logits = target.head(hidden)  # [N+1, V]
+
+        # 3. Decide, 4. keep the accepted path's rows.
+        path, next_token = greedy_walk(tree, target_logits)
+        keep_path(cache, start, path)
+
+        num_before = len(tokens)
+        for token in [tree.tokens[node] for node in path] + [next_token]:
+            tokens.append(token)
+            reason = finish_reason(tokens, eos, max_new_tokens, None)
+            if reason is not None:
+                break
+        # 5. Stats, over what was committed (as the chain loop counts it).
+        steps += 1
+        nodes_verified += tree.num_nodes
+        emitted_total += len(tokens) - num_before
+        depth_histogram[min(len(path), len(tokens) - num_before)] += 1
+
+    stats = timing_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0)
+    stats.update(verify_steps=steps, tau=emitted_total / steps if steps else 1.0,
+                 nodes_per_step=nodes_verified / steps if steps else 0.0,
+                 accepted_depth_histogram=depth_histogram, target_forwards=1 + steps,
+                 drafter=drafter.name, budget=budget, max_depth=max_depth, finish_reason=reason)
+    return GenerationResult(tokens=tokens, stats=stats)
