@@ -21,6 +21,7 @@ trees and chains compare at equal N+1.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Sequence
 
@@ -78,6 +79,82 @@ class NgramTreeDrafter:
         return DraftTree(tokens, parents, q_draft)
 
 
+class ModelTreeDrafter:
+    """Trees from a draft model (a separate model, or the target's first N layers: early exit).
+
+    Level by level: the new nodes of a level are fed to the draft model in ONE pass over its own
+    cache, with the tree's positions and mask (each node sees the context and its ancestors), and
+    each expanded node's children are the draft's top-k tokens there. Two shapes:
+
+        static  (width=None)   every node at depth d gets branching[d-1] children (Medusa-like)
+        dynamic (width=W)      only the W nodes with the highest path probability prod q(d_i)
+                               are expanded per level, each by branching[0] children (EAGLE-2's
+                               confidence-ranked expansion)
+
+    both cut at `budget` nodes (the best-scoring first). q_draft of a node is the draft's softmax
+    at its parent (at temperature 0 the tokens are its top-k; the greedy walk ignores q).
+    """
+
+    def __init__(self, model: Transformer, *, num_layers: int | None = None, branching: Sequence[int] = (4, 2, 1),
+                 width: int | None = None, name: str | None = None) -> None:
+        if not branching or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in branching):
+            raise MinispecError(f"branching = {list(branching)!r}; expected integers >= 1, one per depth")
+        if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+            raise MinispecError(f"width = {width!r}; expected None (static tree) or an integer >= 1")
+        self.model, self.num_layers, self.branching, self.width = model, num_layers, tuple(branching), width
+        self.name = name or f"model-tree:{'x'.join(map(str, branching))}" + (f",w{width}" if width else "")
+        self.cache = None
+        self.forwards = 0
+
+    def start(self, max_seq_len: int) -> None:
+        self.cache = self.model.new_cache(1, max_seq_len, num_layers=self.num_layers)
+        self.forwards = 0
+
+    def _hidden(self, ids: list[int], **tree) -> torch.Tensor:
+        self.forwards += 1
+        ids_t = torch.tensor([ids], device=self.model.device)
+        return self.model.forward_hidden(ids_t, self.cache, num_layers=self.num_layers, **tree)[0]  # [T, d]
+
+    def propose_tree(self, context: list[int], budget: int, depth: int, vocab_size: int) -> DraftTree:
+        self.cache.truncate(min(self.cache.length, len(context) - 1))
+        root_logits = self.model.head(self._hidden(context[self.cache.length:])[-1])  # [V], after `last`
+        base = self.cache.length  # == len(context): the root is at position base - 1
+        tokens, parents, rows, scores = [], [], [], []
+        frontier = [(-1, root_logits.float(), 0.0)]  # (node, draft logits there, log prod q on its path)
+        for level in range(min(depth, len(self.branching) if self.width is None else depth)):
+            k = self.branching[min(level, len(self.branching) - 1)] if self.width is None else self.branching[0]
+            if self.width is not None:
+                frontier = sorted(frontier, key=lambda f: -f[2])[: self.width]
+            candidates = []  # (score, parent, token, q row)
+            for node, logits, score in frontier:
+                q_row = torch.softmax(logits, dim=-1)  # [V]
+                top = torch.topk(q_row, min(k, vocab_size))
+                for prob, token in zip(top.values.tolist(), top.indices.tolist()):
+                    candidates.append((score + math.log(max(prob, 1e-300)), node, token, q_row))
+            candidates.sort(key=lambda c: -c[0])
+            candidates = candidates[: budget - len(tokens)]
+            if not candidates:
+                break
+            first_new = len(tokens)
+            for score, parent, token, q_row in candidates:
+                tokens.append(token)
+                parents.append(parent)
+                rows.append(q_row)
+                scores.append(score)
+            if len(tokens) == budget or level + 1 == depth:
+                break
+            # feed this level's nodes at once: positions by depth, each sees the context and its ancestors
+            tree = DraftTree(tokens, parents, torch.stack(rows))
+            mask = tree_mask(tree, base - 1, self.model.device)[1 + first_new:, : base + len(tokens)]
+            positions = tree_positions(tree, base - 1, self.model.device)[1 + first_new:]
+            self.cache.truncate(base + first_new)  # the rows of the nodes fed so far stay
+            logits = self.model.head(self._hidden(tokens[first_new:], positions=positions, mask=mask))  # [m, V]
+            frontier = [(first_new + j, logits[j].float(), scores[first_new + j]) for j in range(len(logits))]
+        self.cache.truncate(base)  # the context only: the tree's rows are the verify's business
+        q_draft = torch.stack(rows) if rows else torch.zeros(0, vocab_size)
+        return DraftTree(tokens, parents, q_draft)
+
+
 def greedy_walk(tree: DraftTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
     """The accepted path (node indices, root's child first) and the token after it.
 
@@ -101,7 +178,7 @@ def generate_tree(
     prompt_ids: Sequence[int],
     *,
     max_new_tokens: int,
-    drafter: NgramTreeDrafter,
+    drafter: NgramTreeDrafter | ModelTreeDrafter,
     budget: int = 8,
     max_depth: int = 5,
     eos_token_ids: Sequence[int] | None = None,
@@ -117,6 +194,8 @@ def generate_tree(
     eos = set(target.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
     vocab = target.config.vocab_size
     cache = target.new_cache(1, len(prompt) + max_new_tokens + budget)  # rejected branches sit there for one pass
+    if hasattr(drafter, "start"):
+        drafter.start(len(prompt) + max_new_tokens + budget)
     t0 = time.perf_counter()
     logits = prefill(target, prompt, cache)  # [V]
     t_prefill = time.perf_counter() - t0

@@ -18,7 +18,7 @@ from minispec.errors import MinispecError
 from minispec.speculative import generate
 from minispec.testing import loop_setups, random_model
 from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
-from minispec.tree_speculative import NgramTreeDrafter, generate_tree
+from minispec.tree_speculative import ModelTreeDrafter, NgramTreeDrafter, generate_tree
 
 F64 = torch.float64
 ATOL = 1e-10  # float64: the tree pass and a plain pass sum the same terms in another order
@@ -209,3 +209,35 @@ def test_ngram_tree_merges_every_earlier_match_under_the_budget():
     assert (tree.tokens, tree.parents) == ([5, 1, 2, 4, 3], [-1, 0, -1, 2, 2])  # [2, ...] shared once
     small = drafter.propose_tree(context, budget=3, depth=2, vocab_size=6)
     assert (small.tokens, small.parents) == ([5, 1, 2], [-1, 0, -1])
+
+
+@given(setup=loop_setups(), n_new=st.integers(1, 16), shape=st.sampled_from(["static", "dynamic"]),
+       kind=st.sampled_from(["random", "early-exit"]))
+def test_model_trees_keep_tree_greedy_equal_to_plain_greedy(setup, n_new, shape, kind):
+    cfg, seed, prompt = setup
+    target = random_model(cfg, seed, scale=3.0)
+    if kind == "random":
+        drafter_model, num_layers = random_model(cfg, seed + 1, scale=3.0), None
+    else:
+        drafter_model, num_layers = target, max(1, cfg.num_layers - 1)
+    branching, width = ((3, 2, 1), None) if shape == "static" else ((3,), 2)
+    drafter = ModelTreeDrafter(drafter_model, num_layers=num_layers, branching=branching, width=width)
+    plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
+    out = generate_tree(target, prompt, max_new_tokens=n_new, drafter=drafter, budget=8, max_depth=3,
+                        eos_token_ids=[])
+    assert out.tokens == plain.tokens
+
+
+@given(setup=loop_setups(), n_new=st.integers(2, 16), width=st.sampled_from([None, 1, 2]))
+def test_the_target_drafting_its_own_tree_is_accepted_to_full_depth(setup, n_new, width):
+    """The draft's own tree pass (positions by depth, ancestors-only mask on its cache) must give
+    the target's own next-token logits: with the target as its own draft model, its argmax path is
+    in every tree, so every step accepts as deep as the tree goes (the budget allows it)."""
+    cfg, seed, prompt = setup
+    target = random_model(cfg, seed, scale=3.0)
+    drafter = ModelTreeDrafter(target, branching=(2, 2, 2) if width is None else (2,), width=width)
+    out = generate_tree(target, prompt, max_new_tokens=n_new, drafter=drafter, budget=14, max_depth=3,
+                        eos_token_ids=[])
+    assert out.tokens == generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[]).tokens
+    full_steps = (n_new - 1) // 4  # steps before the last, each 3 drafts + 1 bonus
+    assert out.stats["accepted_depth_histogram"][3] >= full_steps
