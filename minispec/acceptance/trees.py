@@ -1,0 +1,204 @@
+"""Acceptance over draft trees: walk down from the root, keep a path, emit the token after it.
+
+A draft tree (minispec.tree.DraftTree) holds N candidate nodes in topological order; the target
+scores all of them in one pass of N+1 rows:
+
+    target_logits [N+1, V]   row 0 scores the root's children, row i+1 node i's children
+    p_target      [N+1, V]   the same rows post-processed (temperature, top-k, top-p)
+    tree.q_draft  [N, V]     row i: the distribution tokens[i] was drawn from
+
+A walk starts at the root (node u = -1, the last committed token) and at node u reads row u+1.
+Either it accepts one child c of u and moves to c, or it stops and emits the token after u:
+
+    path        the accepted nodes, the root's child first, each the parent of the next
+    next_token  the correction where the walk stopped, or the bonus token after a fully
+                accepted leaf (a leaf has no children to test: its row only gives the bonus)
+
+and the loop commits [tokens[a] for a in path] + [next_token]. Children are tried in index
+order, c_1..c_k, with x_j = tokens[c_j]:
+
+    walk           at node u, p = row u+1                                        width 1 (DraftTree.chain)
+    -------------  ------------------------------------------------------------  -------------------------
+    greedy_walk    accept the child carrying argmax p; else emit argmax p          ExactMatch
+    sampling_walk  recursive rejection sampling over the siblings; lossless        SpeculativeSampling
+    typical_walk   accept the first x_j with p(x_j) > min(eps, delta exp(-H(p)))   TypicalAcceptance
+
+On a width-1 tree each walk makes its chain policy's decision draw for draw (the same generator
+state gives the same num_accepted = len(path) and next_token, and leaves the same state behind).
+The rules themselves are the chain policies' functions, imported, not copied.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minispec.acceptance.base import PolicyInputError
+from minispec.acceptance.sampling import acceptance_probability, residual_distribution
+from minispec.acceptance.typical import TypicalAcceptance, typical_acceptances
+from minispec.sampling import SamplingParams, greedy_token, logits_to_probs, sample_token
+from minispec.tree import DraftTree
+
+
+def check_tree_input(tree: DraftTree, **rows: torch.Tensor) -> None:
+    """Shapes a walk can index without guarding, else a PolicyInputError.
+
+    Each named row tensor is [N+1, V] with one V for all of them, tree.q_draft is [N, V], and
+    every node token lies in [0, V). (The tree's own structure, parents before children and
+    distinct siblings, is checked by DraftTree itself.)
+    """
+    n = tree.num_nodes
+    vocab = None
+    for name, value in rows.items():
+        if value.dim() != 2 or value.shape[0] != n + 1 or (vocab is not None and value.shape[1] != vocab):
+            width = "V" if vocab is None else f"V={vocab}"
+            raise PolicyInputError(f"{name}: shape {list(value.shape)}; expected [N+1={n + 1}, {width}] "
+                                   f"for a tree of N={n} nodes")
+        vocab = value.shape[1]
+    if tuple(tree.q_draft.shape) != (n, vocab):
+        raise PolicyInputError(f"tree.q_draft: shape {list(tree.q_draft.shape)}; expected [N={n}, V={vocab}]")
+    outside = [token for token in tree.tokens if not 0 <= token < vocab]
+    if outside:
+        raise PolicyInputError(f"tree.tokens: ids outside [0, {vocab}): {outside}")
+
+
+def children_by_row(tree: DraftTree) -> list[list[int]]:
+    """[N+1] lists: entry u+1 holds node u's children in index order (entry 0: the root's)."""
+    children: list[list[int]] = [[] for _ in range(tree.num_nodes + 1)]
+    for node, parent in enumerate(tree.parents):
+        children[parent + 1].append(node)
+    return children
+
+
+def first_accepted_path(tree: DraftTree, accepted: list[bool]) -> list[int]:
+    """From the root, move to the first accepted child (index order) until a node has none.
+
+    accepted [N]: node i's verdict, judged against its parent's row. A verdict below a rejected
+    node is never read (the prefix rule, on a tree).
+    """
+    children = children_by_row(tree)
+    path, node = [], -1
+    while True:
+        child = next((c for c in children[node + 1] if accepted[c]), None)
+        if child is None:
+            return path
+        path.append(child)
+        node = child
+
+
+def greedy_walk(tree: DraftTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
+    """Exact match over a tree: follow the target's argmax while a child carries it.
+
+        y_u        = argmax_v target_logits[u+1, v]              lowest id on ties (greedy_token)
+        accept c   iff tokens[c] == y_parent(c)                  at most one child: siblings differ
+        next_token = y at the last accepted node (the root if none): the correction, or the bonus
+
+    The emitted tokens are plain greedy decoding's for any tree. target_logits [N+1, V].
+    """
+    check_tree_input(tree, target_logits=target_logits)
+    choice = greedy_token(target_logits).tolist()  # [N+1]: the target's argmax at every row
+    accepted = [token == choice[parent + 1] for token, parent in zip(tree.tokens, tree.parents)]  # [N]
+    path = first_accepted_path(tree, accepted)
+    return path, choice[path[-1] + 1 if path else 0]
+
+
+def sampling_walk(tree: DraftTree, p_target: torch.Tensor, generator: torch.Generator) -> tuple[list[int], int]:
+    """Lossless speculative sampling over a tree: recursive rejection sampling over siblings.
+
+    p_target [N+1, V], tree.q_draft [N, V]. At node u, with p = p_target[u+1] and children
+    c_1..c_k in index order, x_j = tokens[c_j] drawn from q_j = q_draft[c_j]:
+
+        r_1 = p
+        for j = 1..k:  accept x_j with probability a_j = min(1, r_j(x_j) / q_j(x_j)): move to c_j
+                       else r_{j+1} = norm(max(0, r_j - q_j)) and try the next sibling
+        none accepted: next_token y ~ r_{k+1}               (a leaf, k = 0: the bonus, y ~ p)
+
+    (a_j = 1{r_j(x_j) > 0} where q_j(x_j) = 0, the chain's rule: acceptance_probability.)
+
+    Why the token emitted at u is distributed exactly as p. Claim: from sibling j on, given
+    everything drawn before it (x_1..x_{j-1} and their rejections), the emitted token is
+    distributed as r_j. For j = k+1 it is the draw y ~ r_{k+1}. For j <= k, x_j is a draw from
+    q_j given that history, tested with a coin nobody has read, and r_{j+1} depends on r_j and
+    q_j only, not on x_j; so the chain's one-position argument applies with (p, q) := (r_j, q_j)
+    and the claim for j+1:
+
+        P(y) = q_j(y) a_j(y) + P(reject x_j) r_{j+1}(y)
+             = min(r_j(y), q_j(y)) + max(0, r_j(y) - q_j(y)) = r_j(y),
+
+    since P(reject x_j) = 1 - sum_x min(r_j(x), q_j(x)) = sum_z max(0, r_j(z) - q_j(z)) is
+    r_{j+1}'s normaliser. At j = 1: the token emitted at u is distributed as r_1 = p. If it is
+    x_j, the walk moves to c_j, whose row p_target[c_j+1] is the target's distribution after it
+    and whose children were drawn from their q_draft rows after it: the same argument holds
+    there, so by induction every emitted token, given the ones before it, is distributed as the
+    target's. (A rejected x_j had r_j(x_j) < q_j(x_j), so r_{j+1}(x_j) = 0: the residual never
+    offers a token already turned down.)
+
+    q_j must be what x_j was really drawn from: q for i.i.d. siblings; for siblings drawn
+    without replacement, q with x_1..x_{j-1} removed and renormalised (the drafter fills q_draft
+    that way); one-hot for a drafter without probabilities (an n-gram trie), and then a_j = r_j(x_j)
+    and r_{j+1} is r_j with x_j removed. Recording q where q_j was used breaks losslessness.
+
+    Empty residual: if max(0, r_j - q_j) has no mass (r_j <= q_j everywhere, so r_j = q_j),
+    a_j = 1 wherever q_j > 0 and x_j was accepted surely; should rounding reject it anyway,
+    residual_distribution returns r_j itself, so the draw stays well defined (the chain's rule).
+
+    At temperature 0 (one-hot p) a_j = 1 iff x_j is the argmax and every residual is p again:
+    this is greedy_walk whenever q_j(x_j) > 0.
+
+    Randomness, all from `generator`: N float64 uniforms up front, u_i being node i's coin
+    (accept iff u_i < a), then one draw for next_token. A node is tested at most once (when its
+    parent was accepted, after its elder siblings were rejected), so every coin is fresh when
+    read; on a width-1 tree this is exactly SpeculativeSampling's order (gamma uniforms, one draw).
+    """
+    check_tree_input(tree, p_target=p_target)
+    coins = torch.rand(tree.num_nodes, generator=generator, dtype=torch.float64,
+                       device=generator.device).tolist()  # [N] u_i: node i's coin
+    children = children_by_row(tree)
+    path, node = [], -1
+    while True:
+        residual = p_target[node + 1]  # [V] r_1 = p, the target's distribution after `node`
+        for child in children[node + 1]:
+            q_child = tree.q_draft[child].to(p_target.device)  # [V] q_j, what tokens[child] was drawn from
+            token = torch.tensor([tree.tokens[child]], device=p_target.device)  # [1]
+            accept_prob = float(acceptance_probability(residual[None], q_child[None], token)[0])  # a_j
+            if coins[child] < accept_prob:
+                break
+            residual = residual_distribution(residual, q_child)  # [V] r_{j+1} = norm(max(0, r_j - q_j))
+        else:  # every child rejected (or none: a leaf)
+            return path, sample_token(residual, generator)
+        path.append(child)
+        node = child
+
+
+def typical_walk(tree: DraftTree, target_logits: torch.Tensor, p_target: torch.Tensor, params: SamplingParams,
+                 generator: torch.Generator, eps: float = 0.09, delta: float = 0.3,
+                 greedy_criterion_temperature: float = 1.0) -> tuple[list[int], int]:
+    """Medusa's typical acceptance over a tree: move to the first child the target finds typical.
+
+    target_logits, p_target [N+1, V]. With c the criterion distribution at node u's row,
+
+        c          = p_target[u+1]                                            T > 0
+                   = softmax(target_logits[u+1] / greedy_criterion_temperature) T = 0 (one-hot p
+                     would make this exact match: TypicalAcceptance's convention)
+        accept c_j iff c(x_j) > min(eps, delta * exp(-H(c)))   the FIRST such child in index order
+        next_token = argmax target_logits[row] (T = 0)  or  y ~ p_target[row] (T > 0)
+
+    where row is the last accepted node's (0, the root's, if none): the correction, or the bonus
+    after a fully accepted leaf. Lossy, like the chain rule. Options are checked as
+    TypicalAcceptance checks them (a MinispecError); eps=0.09, delta=0.3 are Medusa's defaults.
+    """
+    rule = TypicalAcceptance(eps, delta, greedy_criterion_temperature)  # the chain policy's option checks
+    check_tree_input(tree, target_logits=target_logits, p_target=p_target)
+    if params.greedy:
+        raw = SamplingParams(temperature=greedy_criterion_temperature)  # plain softmax(logits / T)
+        criterion_probs = logits_to_probs(target_logits, raw)  # [N+1, V]
+    else:
+        criterion_probs = p_target  # [N+1, V]
+    device = criterion_probs.device
+    parent_rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=device)  # [N]
+    tokens = torch.tensor(tree.tokens, dtype=torch.long, device=device)  # [N]
+    accepted = typical_acceptances(criterion_probs[parent_rows], tokens, rule.eps, rule.delta).tolist()  # [N]
+    path = first_accepted_path(tree, accepted)
+    row = path[-1] + 1 if path else 0
+    if params.greedy:
+        return path, int(greedy_token(target_logits[row]))
+    return path, sample_token(p_target[row], generator)
