@@ -27,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from minispec.acceptance.trees import greedy_walk
 from minispec.errors import MinispecError
 from minispec.model import Transformer
 from minispec.sampling import greedy_token
@@ -153,23 +154,6 @@ class ModelTreeDrafter:
         self.cache.truncate(base)  # the context only: the tree's rows are the verify's business
         q_draft = torch.stack(rows) if rows else torch.zeros(0, vocab_size)
         return DraftTree(tokens, parents, q_draft)
-
-
-def greedy_walk(tree: DraftTree, target_logits: torch.Tensor) -> tuple[list[int], int]:
-    """The accepted path (node indices, root's child first) and the token after it.
-
-    target_logits [N+1, V]: row 0 scores the root's children, row i+1 node i's children.
-    """
-    choice = greedy_token(target_logits).tolist()  # [N+1]: the target's argmax at every row
-    child_by_token = {(parent, token): i for i, (parent, token) in enumerate(zip(tree.parents, tree.tokens))}
-    path, node = [], -1
-    while True:
-        y = choice[node + 1]
-        child = child_by_token.get((node, y))
-        if child is None:
-            return path, y  # a correction, or the bonus after a fully accepted leaf
-        path.append(child)
-        node = child
 
 
 @torch.inference_mode()
