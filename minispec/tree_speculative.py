@@ -15,6 +15,11 @@ accept it and look at that child's row next; else y is the correction. A fully a
 ends with its row's argmax as the bonus token. So the output equals plain greedy decoding for
 any tree, exactly as the chain's exact match does, and a width-1 tree IS the chain.
 
+Sampling walk (T > 0): multi-draft speculative sampling over siblings (SpecInfer's recursive
+rejection, minispec.acceptance.trees.sampling_walk): each sibling is tested against what the
+target would still emit after the siblings before it were rejected, so the output is distributed
+exactly as sampling from the target, whatever the tree.
+
 Budget: a tree of N nodes costs one verify pass of N+1 rows (a chain of gamma costs gamma+1), so
 trees and chains compare at equal N+1.
 """
@@ -27,11 +32,11 @@ from typing import Sequence
 
 import torch
 
-from minispec.acceptance.trees import greedy_walk
+from minispec.acceptance.trees import greedy_walk, sampling_walk
 from minispec.errors import MinispecError
 from minispec.model import Transformer
-from minispec.sampling import greedy_token
-from minispec.speculative import GenerationResult, _check_prompt, finish_reason, prefill
+from minispec.sampling import SamplingParams, logits_to_probs, next_token, sample_token
+from minispec.speculative import GenerationResult, _check_prompt, _check_seed, finish_reason, prefill
 from minispec.stats import timing_stats
 from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
 
@@ -58,7 +63,8 @@ class NgramTreeDrafter:
                     found.append(context[start + n:start + n + depth])
         return [c for c in found if c]
 
-    def propose_tree(self, context: list[int], budget: int, depth: int, vocab_size: int) -> DraftTree:
+    def propose_tree(self, context: list[int], budget: int, depth: int, vocab_size: int,
+                     params: SamplingParams | None = None, generator: torch.Generator | None = None) -> DraftTree:
         tokens: list[int] = []
         parents: list[int] = []
         child_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
@@ -92,8 +98,17 @@ class ModelTreeDrafter:
                                are expanded per level, each by branching[0] children (EAGLE-2's
                                confidence-ranked expansion)
 
-    both cut at `budget` nodes (the best-scoring first). q_draft of a node is the draft's softmax
-    at its parent (at temperature 0 the tokens are its top-k; the greedy walk ignores q).
+    both cut at `budget` nodes (the best-scoring first). Children: at temperature 0 the draft's
+    top-k; at T > 0 k draws WITHOUT replacement from q = the draft's post-processed distribution,
+    and q_draft of the j-th child is the distribution it was drawn from (q with the earlier
+    siblings' tokens removed, renormalised), which is what a lossless walk over siblings needs
+    (minispec.acceptance.trees.sampling_walk). Ranking uses the draft's softmax at T = 1.
+
+    Sampling constrains the shape: which nodes get children, and how many, is decided before the
+    children are drawn (the most probable frontier nodes first, until the budget), and the
+    children are never re-ranked or cut afterwards. A sibling kept or dropped by its own drawn
+    value would no longer be a draw from its q_draft row, and the walk would not be lossless.
+    At T = 0 (no distribution to keep) the children are re-ranked by path probability and cut.
     """
 
     def __init__(self, model: Transformer, *, num_layers: int | None = None, branching: Sequence[int] = (4, 2, 1),
@@ -116,7 +131,9 @@ class ModelTreeDrafter:
         ids_t = torch.tensor([ids], device=self.model.device)
         return self.model.forward_hidden(ids_t, self.cache, num_layers=self.num_layers, **tree)[0]  # [T, d]
 
-    def propose_tree(self, context: list[int], budget: int, depth: int, vocab_size: int) -> DraftTree:
+    def propose_tree(self, context: list[int], budget: int, depth: int, vocab_size: int,
+                     params: SamplingParams | None = None, generator: torch.Generator | None = None) -> DraftTree:
+        params = params or SamplingParams()
         self.cache.truncate(min(self.cache.length, len(context) - 1))
         root_logits = self.model.head(self._hidden(context[self.cache.length:])[-1])  # [V], after `last`
         base = self.cache.length  # == len(context): the root is at position base - 1
@@ -127,13 +144,19 @@ class ModelTreeDrafter:
             if self.width is not None:
                 frontier = sorted(frontier, key=lambda f: -f[2])[: self.width]
             candidates = []  # (score, parent, token, q row)
+            room = budget - len(tokens)
+            if not params.greedy:  # sampling: how many children each node gets is fixed BEFORE drawing them
+                frontier = sorted(frontier, key=lambda f: -f[2])
             for node, logits, score in frontier:
-                q_row = torch.softmax(logits, dim=-1)  # [V]
-                top = torch.topk(q_row, min(k, vocab_size))
-                for prob, token in zip(top.values.tolist(), top.indices.tolist()):
-                    candidates.append((score + math.log(max(prob, 1e-300)), node, token, q_row))
-            candidates.sort(key=lambda c: -c[0])
-            candidates = candidates[: budget - len(tokens)]
+                confidence = torch.softmax(logits, dim=-1)  # [V], for the ranking
+                count = min(k, vocab_size) if params.greedy else min(k, vocab_size, room - len(candidates))
+                if count <= 0:
+                    break
+                for token, q_row in children(logits, count, params, generator):
+                    candidates.append((score + math.log(max(float(confidence[token]), 1e-300)), node, token, q_row))
+            if params.greedy:  # top-k children: keep the most probable paths (EAGLE-2's re-ranking)
+                candidates.sort(key=lambda c: -c[0])
+            candidates = candidates[:room]
             if not candidates:
                 break
             first_new = len(tokens)
@@ -157,6 +180,31 @@ class ModelTreeDrafter:
 
 
 @torch.inference_mode()
+def children(logits: torch.Tensor, k: int, params: SamplingParams,
+             generator: torch.Generator | None) -> list[tuple[int, torch.Tensor]]:
+    """k children of a node whose draft logits are `logits` [V]: (token, the distribution it was drawn from).
+
+    T = 0: the top-k tokens, each with the draft's softmax (a greedy walk reads no q).
+    T > 0: k draws without replacement from q = logits_to_probs(logits): the j-th from q with the
+    first j-1 tokens removed and renormalised.
+    """
+    if params.greedy:
+        q_row = torch.softmax(logits, dim=-1)  # [V]
+        return [(token, q_row) for token in torch.topk(q_row, k).indices.tolist()]
+    remaining = logits_to_probs(logits, params).double()  # [V]
+    drawn = []
+    for _ in range(k):
+        mass = float(remaining.sum())
+        if mass <= 0:
+            break  # fewer than k tokens have mass (top-k / top-p)
+        q_row = remaining / mass
+        token = sample_token(q_row, generator)
+        drawn.append((token, q_row))
+        remaining = remaining.clone()
+        remaining[token] = 0.0
+    return drawn
+
+
 def generate_tree(
     target: Transformer,
     prompt_ids: Sequence[int],
@@ -165,15 +213,24 @@ def generate_tree(
     drafter: NgramTreeDrafter | ModelTreeDrafter,
     budget: int = 8,
     max_depth: int = 5,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
     eos_token_ids: Sequence[int] | None = None,
 ) -> GenerationResult:
-    """Greedy tree-speculative decoding: output equal to plain greedy decoding.
+    """Tree-speculative decoding: at temperature 0 the greedy walk (output = plain greedy
+    decoding), at T > 0 multi-draft speculative sampling over siblings (output distributed as
+    sampling from the target: minispec.acceptance.trees.sampling_walk).
 
     budget: the most nodes per tree (one verify pass of budget+1 rows); max_depth: how deep.
+    Randomness: one torch.Generator seeded with `seed`, for the draft's draws and the walk's coins.
     """
     for name, value in (("budget", budget), ("max_depth", max_depth)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise MinispecError(f"{name} = {value!r}; expected an integer >= 1")
+    params = SamplingParams(temperature, top_k, top_p)
+    generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
     prompt = _check_prompt(target, prompt_ids, max_new_tokens)
     eos = set(target.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
     vocab = target.config.vocab_size
@@ -183,7 +240,7 @@ def generate_tree(
     t0 = time.perf_counter()
     logits = prefill(target, prompt, cache)  # [V]
     t_prefill = time.perf_counter() - t0
-    tokens = [int(greedy_token(logits))]
+    tokens = [next_token(logits, params, generator)]
     reason = finish_reason(tokens, eos, max_new_tokens, None)
     steps = nodes_verified = emitted_total = 0
     depth_histogram = [0] * (max_depth + 1)
@@ -192,7 +249,7 @@ def generate_tree(
         seq = prompt + tokens
         # 1. Draft a tree no deeper than the tokens still to emit (a path of d nodes emits d + 1).
         depth = min(max_depth, max_new_tokens - len(tokens) - 1)
-        tree = (drafter.propose_tree(seq, budget, depth, vocab) if depth > 0
+        tree = (drafter.propose_tree(seq, budget, depth, vocab, params, generator) if depth > 0
                 else DraftTree([], [], torch.zeros(0, vocab)))
 
         # 2. Verify every node in one pass: positions by depth, each node sees its ancestors only.
@@ -203,11 +260,15 @@ def generate_tree(
         target_logits = target.head(hidden)  # [N+1, V]
 
         # 3. Decide, 4. keep the accepted path's rows.
-        path, next_token = greedy_walk(tree, target_logits)
+        if params.greedy:
+            path, following = greedy_walk(tree, target_logits)
+        else:
+            p_target = logits_to_probs(target_logits.double(), params)  # [N+1, V]
+            path, following = sampling_walk(tree, p_target, generator)
         keep_path(cache, start, path)
 
         num_before = len(tokens)
-        for token in [tree.tokens[node] for node in path] + [next_token]:
+        for token in [tree.tokens[node] for node in path] + [following]:
             tokens.append(token)
             reason = finish_reason(tokens, eos, max_new_tokens, None)
             if reason is not None:

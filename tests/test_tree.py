@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 from minispec.drafters import NgramDrafter
 from minispec.errors import MinispecError
 from minispec.speculative import generate
-from minispec.testing import loop_setups, random_model
+from minispec.sampling import SamplingParams
+from minispec.testing import loop_setups, random_model, tiny_config
+from minispec.testing.checks import P_VALUE_FLOOR
+from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
 from minispec.tree_speculative import ModelTreeDrafter, NgramTreeDrafter, generate_tree
 
@@ -142,7 +145,7 @@ class RandomTreeDrafter:
     def __init__(self, seed: int, target) -> None:
         self.gen, self.target = torch.Generator().manual_seed(seed), target
 
-    def propose_tree(self, context, budget, depth, vocab_size):
+    def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
         with torch.no_grad():
             likely = int(self.target(torch.tensor([context]))[0, -1].argmax())
         parents, tokens = [], []
@@ -168,7 +171,7 @@ class ChainAsTree:
     def __init__(self, max_ngram: int) -> None:
         self.chain = NgramDrafter(max_ngram=max_ngram)
 
-    def propose_tree(self, context, budget, depth, vocab_size):
+    def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
         drafts = self.chain.lookup(context, min(budget, depth))
         return DraftTree.chain(drafts, torch.zeros(len(drafts), vocab_size))
 
@@ -241,3 +244,25 @@ def test_the_target_drafting_its_own_tree_is_accepted_to_full_depth(setup, n_new
     assert out.tokens == generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[]).tokens
     full_steps = (n_new - 1) // 4  # steps before the last, each 3 drafts + 1 bonus
     assert out.stats["accepted_depth_histogram"][3] >= full_steps
+
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_tree_speculative_sampling_keeps_the_target_distribution(kind):
+    """The first three sampled tokens (the prefill's, then a depth-2 tree step's) against their
+    exact joint distribution under plain sampling, chi-square over 3000 seeded runs on a 6-token
+    vocabulary (216 cells, those expected below 5 pooled); the drafter is another random model
+    (siblings drawn without replacement) or the n-gram trie (one-hot siblings)."""
+    cfg = tiny_config(vocab_size=6, num_layers=1)
+    target, other = random_model(cfg, 11, scale=2.0), random_model(cfg, 12, scale=2.0)
+    prompt, params, runs = [1, 2, 1, 3, 1], SamplingParams(1.0), 3000
+    counts: dict[tuple, int] = {}
+    for seed in range(runs):
+        drafter = ModelTreeDrafter(other, branching=(3, 2)) if kind == "model" else NgramTreeDrafter(max_ngram=1)
+        out = generate_tree(target, prompt, max_new_tokens=4, drafter=drafter, budget=6, max_depth=2,
+                            temperature=1.0, seed=seed, eos_token_ids=[])
+        assert out.stats["nodes_per_step"] > 0 or kind == "ngram"
+        first = tuple(out.tokens[:3])
+        counts[first] = counts.get(first, 0) + 1
+    probs = sequence_distribution(target, prompt, 3, params)
+    assert chi_square_p_value(counts, probs, runs) > P_VALUE_FLOOR
