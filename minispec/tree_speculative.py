@@ -36,7 +36,7 @@ from minispec.acceptance.trees import greedy_walk, sampling_walk
 from minispec.errors import MinispecError
 from minispec.model import Transformer
 from minispec.sampling import SamplingParams, logits_to_probs, next_token, sample_token
-from minispec.speculative import GenerationResult, _check_prompt, _check_seed, finish_reason, prefill
+from minispec.speculative import GenerationResult, _check_eos, _check_prompt, _check_seed, finish_reason, prefill
 from minispec.stats import timing_stats
 from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
 
@@ -52,6 +52,9 @@ class NgramTreeDrafter:
             raise MinispecError(f"ngram sizes: min_ngram={min_ngram}, max_ngram={max_ngram}; expected 1 <= min <= max")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.name = f"ngram-tree:{max_ngram}"
+
+    def start(self, max_seq_len: int) -> None:
+        """Nothing to prepare: the lookup needs no cache."""
 
     def candidates(self, context: list[int], depth: int) -> list[list[int]]:
         """The continuations after every earlier match of the context's suffix, most recent first."""
@@ -179,7 +182,6 @@ class ModelTreeDrafter:
         return DraftTree(tokens, parents, q_draft)
 
 
-@torch.inference_mode()
 def children(logits: torch.Tensor, k: int, params: SamplingParams,
              generator: torch.Generator | None) -> list[tuple[int, torch.Tensor]]:
     """k children of a node whose draft logits are `logits` [V]: (token, the distribution it was drawn from).
@@ -205,6 +207,7 @@ def children(logits: torch.Tensor, k: int, params: SamplingParams,
     return drawn
 
 
+@torch.inference_mode()
 def generate_tree(
     target: Transformer,
     prompt_ids: Sequence[int],
@@ -232,11 +235,10 @@ def generate_tree(
     params = SamplingParams(temperature, top_k, top_p)
     generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
     prompt = _check_prompt(target, prompt_ids, max_new_tokens)
-    eos = set(target.config.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    eos = set(target.config.eos_token_ids if eos_token_ids is None else _check_eos(target, eos_token_ids))
     vocab = target.config.vocab_size
     cache = target.new_cache(1, len(prompt) + max_new_tokens + budget)  # rejected branches sit there for one pass
-    if hasattr(drafter, "start"):
-        drafter.start(len(prompt) + max_new_tokens + budget)
+    drafter.start(len(prompt) + max_new_tokens + budget)
     t0 = time.perf_counter()
     logits = prefill(target, prompt, cache)  # [V]
     t_prefill = time.perf_counter() - t0

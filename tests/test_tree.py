@@ -145,6 +145,9 @@ class RandomTreeDrafter:
     def __init__(self, seed: int, target) -> None:
         self.gen, self.target = torch.Generator().manual_seed(seed), target
 
+    def start(self, max_seq_len):
+        pass
+
     def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
         with torch.no_grad():
             likely = int(self.target(torch.tensor([context]))[0, -1].argmax())
@@ -170,6 +173,9 @@ class ChainAsTree:
 
     def __init__(self, max_ngram: int) -> None:
         self.chain = NgramDrafter(max_ngram=max_ngram)
+
+    def start(self, max_seq_len):
+        pass
 
     def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
         drafts = self.chain.lookup(context, min(budget, depth))
