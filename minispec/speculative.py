@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from numbers import Integral
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -35,6 +35,9 @@ from minispec.errors import CacheOverflowError, MinispecError
 from minispec.model import Transformer
 from minispec.sampling import SamplingParams, logits_to_probs, next_token
 from minispec.stats import PhaseTimer, StepStats, timing_stats
+
+if TYPE_CHECKING:
+    from minispec.tree_speculative import TreeSpec
 
 # Called with each batch of newly emitted tokens, as soon as they are known (for streaming):
 # on_tokens(tokens, num_accepted, num_proposed). The first num_accepted tokens are accepted
@@ -88,6 +91,7 @@ def generate(
     on_tokens: TokenCallback | None = None,
     on_step: Callable[[StepRecord], None] | None = None,
     stop_when: StopCondition | None = None,
+    tree: TreeSpec | int | None = None,
 ) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` (a list of ints, batch size 1).
 
@@ -101,6 +105,9 @@ def generate(
     on_tokens: streaming callback (TokenCallback); on_step: called with each verify step's StepRecord.
     stop_when: StopCondition, checked after every new token (also inside an accepted run).
     stats["finish_reason"]: "eos", "length" or "stop".
+    tree: None = chains; a TreeSpec (or an int: its budget) drafts trees instead
+      (minispec.tree_speculative): up to tree.budget nodes per verify pass, gamma deep, walked by
+      the policy's tree form; the draft must be able to branch (n-gram or a model).
     Randomness comes only from torch.Generators seeded from `seed`: the loop's (draws and the
     policy's coins) and a policy's own (DropMatch's masks, through policy.reset(seed)): same seed,
     same tokens.
@@ -109,6 +116,9 @@ def generate(
     generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
     prompt = _check_prompt(target, prompt_ids, max_new_tokens)
     eos = set(target.config.eos_token_ids if eos_token_ids is None else _check_eos(target, eos_token_ids))
+    if tree is not None:
+        return _generate_tree(target, prompt, max_new_tokens, draft, policy, gamma, draft_length, temperature,
+                              top_k, top_p, seed, eos_token_ids, on_tokens, on_step, stop_when, tree)
     drafter = make_drafter(draft, target)
     if drafter is None:
         return plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_tokens, stop_when)
@@ -118,6 +128,30 @@ def generate(
     policy.reset(seed)  # a policy with its own randomness (DropMatch's masks) derives it from the run's seed
     return speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,
                               on_tokens, on_step, stop_when, draft_lengths.get(draft_length, gamma))
+
+
+def _generate_tree(target, prompt, max_new_tokens, draft, policy, gamma, draft_length, temperature, top_k, top_p,
+                   seed, eos_token_ids, on_tokens, on_step, stop_when, tree) -> GenerationResult:
+    """generate(..., tree=...): the checks that belong to the chain's arguments, then generate_tree."""
+    from minispec.tree_speculative import TreeSpec, generate_tree, make_tree_drafter
+
+    if isinstance(tree, Integral) and not isinstance(tree, bool):
+        tree = TreeSpec(budget=int(tree))
+    if not isinstance(tree, TreeSpec):
+        raise MinispecError(f"tree = {tree!r}; expected None, a TreeSpec or an integer budget >= 1")
+    if draft is None:
+        raise MinispecError("tree: a tree needs a draft; expected draft='ngram', 'early-exit:N', 'self:int8', "
+                            "a draft model or a tree drafter")
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise MinispecError(f"gamma = {gamma!r}; expected an integer >= 1")
+    if draft_length != "fixed":
+        raise MinispecError(f"draft_length = {draft_length!r} with a tree; expected 'fixed' (a tree's depth is gamma)")
+    if on_step is not None:
+        raise MinispecError("on_step: a chain step's record; expected on_step=None with a tree")
+    return generate_tree(target, prompt, max_new_tokens=max_new_tokens, drafter=make_tree_drafter(draft, target, tree),
+                         budget=tree.budget, max_depth=gamma, policy=acceptance.get(policy), temperature=temperature,
+                         top_k=top_k, top_p=top_p, seed=seed, eos_token_ids=eos_token_ids, on_tokens=on_tokens,
+                         stop_when=stop_when)
 
 
 def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:

@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from minispec.acceptance.trees import greedy_walk, sampling_walk
+from minispec.acceptance import AcceptancePolicy, DropMatch, ExactMatch, SpeculativeSampling, TypicalAcceptance
+from minispec.acceptance.trees import dropmatch_walk, greedy_walk, sampling_walk, typical_walk
 from minispec.errors import MinispecError
 from minispec.model import Transformer
 from minispec.sampling import SamplingParams, logits_to_probs, next_token, sample_token
-from minispec.speculative import GenerationResult, _check_eos, _check_prompt, _check_seed, finish_reason, prefill
-from minispec.stats import timing_stats
+from minispec.speculative import (GenerationResult, StopCondition, TokenCallback, _check_eos, _check_prompt,
+                                  _check_seed, finish_reason, prefill)
+from minispec.stats import PhaseTimer, StepStats, timing_stats
 from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
 
 
@@ -140,13 +143,13 @@ class ModelTreeDrafter:
         self.cache.truncate(min(self.cache.length, len(context) - 1))
         root_logits = self.model.head(self._hidden(context[self.cache.length:])[-1])  # [V], after `last`
         base = self.cache.length  # == len(context): the root is at position base - 1
-        tokens, parents, rows, scores = [], [], [], []
+        tokens, parents, rows, logit_rows, scores = [], [], [], [], []
         frontier = [(-1, root_logits.float(), 0.0)]  # (node, draft logits there, log prod q on its path)
         for level in range(min(depth, len(self.branching) if self.width is None else depth)):
             k = self.branching[min(level, len(self.branching) - 1)] if self.width is None else self.branching[0]
             if self.width is not None:
                 frontier = sorted(frontier, key=lambda f: -f[2])[: self.width]
-            candidates = []  # (score, parent, token, q row)
+            candidates = []  # (score, parent, token, q row, logits row)
             room = budget - len(tokens)
             if not params.greedy:  # sampling: how many children each node gets is fixed BEFORE drawing them
                 frontier = sorted(frontier, key=lambda f: -f[2])
@@ -155,18 +158,20 @@ class ModelTreeDrafter:
                 count = min(k, vocab_size) if params.greedy else min(k, vocab_size, room - len(candidates))
                 if count <= 0:
                     break
-                for token, q_row in children(logits, count, params, generator):
-                    candidates.append((score + math.log(max(float(confidence[token]), 1e-300)), node, token, q_row))
+                for token, q_row, logits_row in children(logits, count, params, generator):
+                    candidates.append((score + math.log(max(float(confidence[token]), 1e-300)), node, token, q_row,
+                                       logits_row))
             if params.greedy:  # top-k children: keep the most probable paths (EAGLE-2's re-ranking)
                 candidates.sort(key=lambda c: -c[0])
             candidates = candidates[:room]
             if not candidates:
                 break
             first_new = len(tokens)
-            for score, parent, token, q_row in candidates:
+            for score, parent, token, q_row, logits_row in candidates:
                 tokens.append(token)
                 parents.append(parent)
                 rows.append(q_row)
+                logit_rows.append(logits_row)
                 scores.append(score)
             if len(tokens) == budget or level + 1 == depth:
                 break
@@ -178,33 +183,121 @@ class ModelTreeDrafter:
             logits = self.model.head(self._hidden(tokens[first_new:], positions=positions, mask=mask))  # [m, V]
             frontier = [(first_new + j, logits[j].float(), scores[first_new + j]) for j in range(len(logits))]
         self.cache.truncate(base)  # the context only: the tree's rows are the verify's business
-        q_draft = torch.stack(rows) if rows else torch.zeros(0, vocab_size)
-        return DraftTree(tokens, parents, q_draft)
+        if not rows:
+            return DraftTree([], [], torch.zeros(0, vocab_size))
+        return DraftTree(tokens, parents, torch.stack(rows), torch.stack(logit_rows))  # [N, V] each
 
 
 def children(logits: torch.Tensor, k: int, params: SamplingParams,
-             generator: torch.Generator | None) -> list[tuple[int, torch.Tensor]]:
-    """k children of a node whose draft logits are `logits` [V]: (token, the distribution it was drawn from).
+             generator: torch.Generator | None) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """k children of a node whose draft logits are `logits` [V]: (token, q row, logits row).
 
-    T = 0: the top-k tokens, each with the draft's softmax (a greedy walk reads no q).
-    T > 0: k draws without replacement from q = logits_to_probs(logits): the j-th from q with the
-    first j-1 tokens removed and renormalised.
+    The j-th child is picked from the draft with the first j-1 children's tokens removed:
+
+        logits row  logits with tokens x_1..x_{j-1} set to -inf      [V]
+        T = 0       x_j = argmax of that row (so the k children are the top-k), q row = its softmax
+        T > 0       x_j ~ q row = logits_to_probs(logits) with x_1..x_{j-1} removed, renormalised:
+                    k draws without replacement, each row the distribution it was drawn from
+
+    The logits row is what DropMatch's JS test reads (the draft's distribution at this child,
+    minispec.acceptance.trees.dropmatch_walk); the q row is what the sampling walk reads.
     """
-    if params.greedy:
-        q_row = torch.softmax(logits, dim=-1)  # [V]
-        return [(token, q_row) for token in torch.topk(q_row, k).indices.tolist()]
-    remaining = logits_to_probs(logits, params).double()  # [V]
+    masked = logits.clone()  # [V] the logits row of the next child
+    remaining = None if params.greedy else logits_to_probs(logits, params).double()  # [V]
     drawn = []
     for _ in range(k):
-        mass = float(remaining.sum())
-        if mass <= 0:
-            break  # fewer than k tokens have mass (top-k / top-p)
-        q_row = remaining / mass
-        token = sample_token(q_row, generator)
-        drawn.append((token, q_row))
-        remaining = remaining.clone()
-        remaining[token] = 0.0
+        if params.greedy:
+            q_row = torch.softmax(masked, dim=-1)  # [V]
+            token = int(torch.argmax(masked))
+        else:
+            mass = float(remaining.sum())
+            if mass <= 0:
+                break  # fewer than k tokens have mass (top-k / top-p)
+            q_row = remaining / mass
+            token = sample_token(q_row, generator)
+            remaining = remaining.clone()
+            remaining[token] = 0.0
+        drawn.append((token, q_row, masked))
+        masked = masked.clone()
+        masked[token] = float("-inf")
     return drawn
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """The shape of the trees a run drafts: `generate(..., tree=TreeSpec(budget=16))`.
+
+    budget     the most nodes per tree: one verify pass of budget + 1 rows (a chain of gamma
+               drafts costs gamma + 1: trees and chains compare at equal budget + 1)
+    branching  model drafts: children per node at depth 1, 2, ... (static, Medusa-like), or per
+               expanded node at every depth (dynamic: width set)
+    width      None: static; W: expand only the W most probable paths per level (EAGLE-2)
+    The deepest path is the run's gamma (the most drafted tokens one step can accept). An n-gram
+    tree merges every earlier match of the context's suffix; branching and width are the model
+    drafts' only.
+    """
+
+    budget: int = 8
+    branching: tuple[int, ...] = (4, 2, 1)
+    width: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1:
+            raise MinispecError(f"tree budget = {self.budget!r}; expected an integer >= 1 (nodes per verify pass)")
+        branching = tuple(self.branching) if isinstance(self.branching, (list, tuple)) else None
+        if not branching or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in branching):
+            raise MinispecError(f"tree branching = {self.branching!r}; expected integers >= 1, one per depth")
+        object.__setattr__(self, "branching", branching)
+        if self.width is not None and (isinstance(self.width, bool) or not isinstance(self.width, int)
+                                       or self.width < 1):
+            raise MinispecError(f"tree width = {self.width!r}; expected None (static tree) or an integer >= 1")
+
+
+def make_tree_drafter(spec, target: Transformer, tree: TreeSpec) -> NgramTreeDrafter | ModelTreeDrafter:
+    """The tree form of a chain drafter spec (minispec.drafters.make_drafter's spec), or a tree drafter as is.
+
+    "ngram[:N]" -> NgramTreeDrafter(max_ngram=N); "early-exit:N", "self:bf16|int8", a Transformer
+    or a checkpoint folder -> ModelTreeDrafter with tree.branching and tree.width.
+    """
+    from minispec.drafters import ModelDrafter, NgramDrafter, make_drafter
+
+    if isinstance(spec, (NgramTreeDrafter, ModelTreeDrafter)):
+        if isinstance(spec, ModelTreeDrafter) and spec.model.config.vocab_size != target.config.vocab_size:
+            raise MinispecError(f"draft {spec.name}: vocab_size {spec.model.config.vocab_size} differs from the "
+                                f"target's {target.config.vocab_size}; expected the same vocabulary")
+        return spec
+    chain = make_drafter(spec, target)  # the chain drafter's own checks and one-line errors
+    if isinstance(chain, NgramDrafter):
+        return NgramTreeDrafter(max_ngram=chain.max_ngram, min_ngram=min(chain.min_ngram, chain.max_ngram))
+    if isinstance(chain, ModelDrafter):
+        return ModelTreeDrafter(chain.model, num_layers=chain.num_layers, branching=tree.branching, width=tree.width,
+                                name=f"{chain.name} tree")
+    raise MinispecError(f"draft {getattr(chain, 'name', chain)!r}: cannot branch; expected an n-gram or a model "
+                        "draft with a tree")
+
+
+def decide_tree(policy: AcceptancePolicy | None, tree: DraftTree, target_logits: torch.Tensor, hidden: torch.Tensor,
+                head, params: SamplingParams, generator: torch.Generator) -> tuple[list[int], int, dict]:
+    """The policy's tree walk (minispec.acceptance.trees): (path, next_token, info).
+
+    None: greedy_walk at T = 0, sampling_walk at T > 0. A chain policy maps to its tree form:
+    exact -> greedy_walk (greedy at any T, as the chain rule), sampling -> sampling_walk,
+    typical -> typical_walk, dropmatch -> dropmatch_walk.
+    """
+    if policy is None:
+        policy = ExactMatch() if params.greedy else SpeculativeSampling()
+    if isinstance(policy, ExactMatch):
+        return (*greedy_walk(tree, target_logits), {})
+    p_target = logits_to_probs(target_logits.double(), params)  # [N+1, V]
+    if isinstance(policy, SpeculativeSampling):
+        return (*sampling_walk(tree, p_target, generator), {})
+    if isinstance(policy, TypicalAcceptance):
+        return (*typical_walk(tree, target_logits.double(), p_target, params, generator, policy.eps, policy.delta,
+                              policy.greedy_criterion_temperature), {})
+    if type(policy) is DropMatch:
+        return dropmatch_walk(tree, target_logits.double(), p_target, hidden, head, params, generator, policy)
+    raise MinispecError(f"policy {policy.name!r} has no tree form; expected exact, sampling, typical or dropmatch "
+                        "with a tree (or a chain: no tree)")
 
 
 @torch.inference_mode()
@@ -216,18 +309,25 @@ def generate_tree(
     drafter: NgramTreeDrafter | ModelTreeDrafter,
     budget: int = 8,
     max_depth: int = 5,
+    policy: AcceptancePolicy | None = None,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int = 0,
     eos_token_ids: Sequence[int] | None = None,
+    on_tokens: TokenCallback | None = None,
+    stop_when: StopCondition | None = None,
 ) -> GenerationResult:
-    """Tree-speculative decoding: at temperature 0 the greedy walk (output = plain greedy
-    decoding), at T > 0 multi-draft speculative sampling over siblings (output distributed as
-    sampling from the target: minispec.acceptance.trees.sampling_walk).
+    """Tree-speculative decoding: draft a tree, verify it in one pass, walk it with the policy.
 
     budget: the most nodes per tree (one verify pass of budget+1 rows); max_depth: how deep.
-    Randomness: one torch.Generator seeded with `seed`, for the draft's draws and the walk's coins.
+    policy: an AcceptancePolicy with a tree form (decide_tree), or None: the greedy walk at
+    T = 0 (output = plain greedy decoding), multi-draft speculative sampling at T > 0 (output
+    distributed as sampling from the target: minispec.acceptance.trees.sampling_walk).
+    Randomness: one torch.Generator seeded with `seed` (the draft's draws and the walk's coins)
+    and the policy's own (DropMatch's masks, reset(seed)). on_tokens / stop_when: as `generate`.
+    Stats: the chain loop's (StepStats: a step's "drafted" is its tree's depth, the most it
+    could accept), and nodes_per_step, accepted_depth_histogram (over all steps).
     """
     for name, value in (("budget", budget), ("max_depth", max_depth)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -236,54 +336,69 @@ def generate_tree(
     generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
     prompt = _check_prompt(target, prompt_ids, max_new_tokens)
     eos = set(target.config.eos_token_ids if eos_token_ids is None else _check_eos(target, eos_token_ids))
+    if policy is not None:
+        policy.reset(seed)
     vocab = target.config.vocab_size
     cache = target.new_cache(1, len(prompt) + max_new_tokens + budget)  # rejected branches sit there for one pass
     drafter.start(len(prompt) + max_new_tokens + budget)
+    timer = PhaseTimer("draft", "verify", "policy")
+    steps = StepStats(max(1, min(max_depth, max_new_tokens - 1)))
     t0 = time.perf_counter()
     logits = prefill(target, prompt, cache)  # [V]
     t_prefill = time.perf_counter() - t0
     tokens = [next_token(logits, params, generator)]
-    reason = finish_reason(tokens, eos, max_new_tokens, None)
-    steps = nodes_verified = emitted_total = 0
+    if on_tokens is not None:
+        on_tokens(tokens[:], 0, 0)
+    reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
+    nodes_verified = 0
     depth_histogram = [0] * (max_depth + 1)
 
     while reason is None:
         seq = prompt + tokens
         # 1. Draft a tree no deeper than the tokens still to emit (a path of d nodes emits d + 1).
         depth = min(max_depth, max_new_tokens - len(tokens) - 1)
-        tree = (drafter.propose_tree(seq, budget, depth, vocab, params, generator) if depth > 0
-                else DraftTree([], [], torch.zeros(0, vocab)))
+        with timer("draft"):
+            tree = (drafter.propose_tree(seq, budget, depth, vocab, params, generator) if depth > 0
+                    else DraftTree([], [], torch.zeros(0, vocab)))
 
         # 2. Verify every node in one pass: positions by depth, each node sees its ancestors only.
-        start = cache.length  # == len(seq) - 1: the cache holds everything but `last`
-        ids = torch.tensor([[seq[-1]] + tree.tokens], device=target.device)  # [1, N+1]
-        hidden = target.forward_hidden(ids, cache, positions=tree_positions(tree, start, target.device),
-                                       mask=tree_mask(tree, start, target.device))[0]  # [N+1, d]
-        target_logits = target.head(hidden)  # [N+1, V]
+        with timer("verify"):
+            start = cache.length  # == len(seq) - 1: the cache holds everything but `last`
+            ids = torch.tensor([[seq[-1]] + tree.tokens], device=target.device)  # [1, N+1]
+            hidden = target.forward_hidden(ids, cache, positions=tree_positions(tree, start, target.device),
+                                           mask=tree_mask(tree, start, target.device))[0]  # [N+1, d]
+            target_logits = target.head(hidden)  # [N+1, V]
 
         # 3. Decide, 4. keep the accepted path's rows.
-        if params.greedy:
-            path, following = greedy_walk(tree, target_logits)
-        else:
-            p_target = logits_to_probs(target_logits.double(), params)  # [N+1, V]
-            path, following = sampling_walk(tree, p_target, generator)
+        with timer("policy"):
+            path, following, info = decide_tree(policy, tree, target_logits, hidden, target.head, params, generator)
         keep_path(cache, start, path)
 
         num_before = len(tokens)
         for token in [tree.tokens[node] for node in path] + [following]:
             tokens.append(token)
-            reason = finish_reason(tokens, eos, max_new_tokens, None)
+            reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
             if reason is not None:
                 break
+        emitted = tokens[num_before:]
         # 5. Stats, over what was committed (as the chain loop counts it).
-        steps += 1
+        tree_depth = max(tree.depths, default=0)  # the most this step could accept
+        if len(emitted) <= len(path):  # cut inside the accepted path: a draft of that length, all accepted
+            steps.record(len(emitted), len(emitted), info, num_emitted=len(emitted))
+        else:
+            steps.record(tree_depth, len(path), info)
         nodes_verified += tree.num_nodes
-        emitted_total += len(tokens) - num_before
-        depth_histogram[min(len(path), len(tokens) - num_before)] += 1
+        depth_histogram[min(len(path), len(emitted))] += 1
+        if on_tokens is not None:
+            on_tokens(emitted, min(len(path), len(emitted)), tree_depth)
 
     stats = timing_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0)
-    stats.update(verify_steps=steps, tau=emitted_total / steps if steps else 1.0,
-                 nodes_per_step=nodes_verified / steps if steps else 0.0,
-                 accepted_depth_histogram=depth_histogram, target_forwards=1 + steps,
-                 drafter=drafter.name, budget=budget, max_depth=max_depth, finish_reason=reason)
+    stats.update(steps.summary())
+    stats.update(nodes_per_step=nodes_verified / steps.num_steps if steps.num_steps else 0.0,
+                 accepted_depth_histogram=depth_histogram, target_forwards=1 + steps.num_steps,
+                 draft_forwards=getattr(drafter, "forwards", 0),
+                 **{f"{phase}_seconds": seconds for phase, seconds in timer.totals.items()},
+                 drafter=drafter.name, policy=policy.name if policy is not None else
+                 ("exact" if params.greedy else "sampling"),
+                 gamma=max_depth, budget=budget, max_depth=max_depth, tree=True, finish_reason=reason)
     return GenerationResult(tokens=tokens, stats=stats)
