@@ -14,6 +14,7 @@ import json
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from minispec import kernels, load_model
@@ -22,12 +23,36 @@ from minispec.errors import MinispecError
 from minispec.kernels import packed
 from minispec.kernels.int8 import Int8Linear
 from minispec.testing import model_configs, random_model, seeds, tiny_config
+from minispec.tree import DraftTree, tree_mask, tree_positions
 
 INT8_CONFIG = tiny_config(hidden_size=32, intermediate_size=48)  # widths the int8 kernel takes (multiples of 16)
 
 
 def _tolerance(want: torch.Tensor) -> float:
     return 1e-4 * max(1.0, want.abs().max().item())
+
+
+@settings(max_examples=15, deadline=None)
+@given(cfg=model_configs(), seed=seeds, start=st.sampled_from([0, 1, 5]))
+def test_fast_tree_passes_equal_the_reference_at_any_cache_length(cfg, seed, start):
+    """A draft tree's pass (positions by depth, ancestors-only mask), also at cache length 0 where
+    its mask is square like a prefill's, gives the reference's logits on the fast kernels."""
+    reference = random_model(cfg, seed, dtype=torch.float32)
+    fast = kernels.apply(copy.deepcopy(reference), "fast")
+    tree = DraftTree([1, 2, 3, 4, 0], [-1, -1, 0, 0, 1], torch.zeros(5, cfg.vocab_size))
+    gen = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, cfg.vocab_size, (1, start), generator=gen)
+    ids = torch.tensor([[int(torch.randint(0, cfg.vocab_size, (1,), generator=gen))] + tree.tokens])  # [1, N+1]
+    with torch.no_grad():
+        outputs = []
+        for model in (reference, fast):
+            cache = model.new_cache(1, start + 8)
+            if start:
+                model(prefix, cache)
+            outputs.append(model.head(model.forward_hidden(ids, cache, positions=tree_positions(tree, start),
+                                                          mask=tree_mask(tree, start))))
+    want, got = outputs
+    assert (got - want).abs().max().item() <= _tolerance(want)
 
 
 @settings(max_examples=15, deadline=None)

@@ -85,6 +85,18 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def is_plain_causal(mask: torch.Tensor | None) -> bool:
+    """Whether `mask` [T, S] is the causal mask of a pass from position 0 (S = T, lower triangle).
+
+    A square mask is not enough: a draft tree fed at cache length 0 also has S = T, with
+    ancestors-only rows (minispec.tree.tree_mask). The check reads T*T booleans, once per layer,
+    next to attention's own T*T*d work.
+    """
+    if mask is None or mask.shape[0] != mask.shape[1]:
+        return False
+    return torch.equal(mask, torch.ones_like(mask).tril_())
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) * weight over the last dim; x and weight float32."""
     return x * torch.rsqrt(torch.mean(x * x, -1, keepdim=True) + eps) * weight
@@ -143,7 +155,7 @@ class FastBlock(nn.Module):
         q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]
         if cache is not None:
             k, v = cache.write(self.layer_idx, k, v)  # [B, Hkv, S, hd]
-        if mask is not None and mask.shape[0] == mask.shape[1]:  # prefill from position 0: plain causal
+        if is_plain_causal(mask):  # prefill from position 0: SDPA's causal path, no mask read
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hkv != H)  # [B, H, T, hd]
