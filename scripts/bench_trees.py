@@ -1,27 +1,46 @@
 """Draft trees against chains at equal verify budgets: tau, nodes per step, speed (greedy).
 
-    python scripts/bench_trees.py [--prompts 2] [--budgets 8,16] [--max-new-tokens 64] [--threads 1]
+    python scripts/bench_trees.py [--prompts 2] [--budgets 8,16] [--layers 24] [--shapes w4k4]
+                                  [--chain-gammas 1,2,3,4] [--skip ngram,plain] [--max-new-tokens 64] [--threads 1]
 
 At temperature 0 on Spec-Bench prompts (--sets, --prompts of each), float32, the reference model
 (model.py as written: the fast kernels' attention is not tree-aware yet). A verify budget B is
 B + 1 target rows per step: a chain drafts gamma = B tokens, a tree B nodes. Per prompt, in turn:
 
-    plain                     plain greedy decoding: the baseline of every speed ratio
-    chain <drafter> gB        speculative.generate, exact policy, gamma B
-    tree  <drafter> B         tree_speculative.generate_tree, greedy walk, B nodes, depth --depth
+    plain                        plain greedy decoding: the baseline of every speed ratio and of "= plain"
+    chain early-exit:L gG        speculative.generate, exact policy, gamma G (every budget, and --chain-gammas)
+    tree  early-exit:L SHAPE B   tree_speculative.generate_tree, greedy walk, B nodes, depth --depth
+    chain ngram gB, tree ngram B the n-gram drafters (chain: the last match; tree: every earlier match, one trie)
 
-Drafters: early-exit at layer --layer (the target's first N layers + norm + head; as a tree:
-ModelTreeDrafter(target, num_layers=N), dynamic, the --width most probable paths expanded by
---top-k children per level), and n-gram (chain: the last match; tree: every earlier match merged
-into one trie). Per configuration, medians over prompts of: tau (tokens per verify step, the
-correction/bonus counted), nodes per step, tok/s, and speed = tok/s / plain tok/s on the same
-prompt; "= plain" counts outputs equal to plain greedy's.
+Early-exit drafters use the target's first L layers + norm + head, L from --layers. Tree shapes
+(--shapes, comma-separated):
+
+    wWkK        ModelTreeDrafter(width=W, branching=(K,)): dynamic, the W most probable paths per level
+                expanded by their top-K children, each level cut at the budget (best path probability first)
+    sA-B-C      ModelTreeDrafter(branching=(A, B, C)): static, every node at depth d gets the d-th count
+                of children, each level cut at the budget (best path probability first)
+    SHAPE@B     that shape at budget B only (e.g. s8-1@16); without @B a shape runs at every budget
+    gWkK[rR]    PROTOTYPE (RerankTreeDrafter below, not in minispec): EAGLE-2's expand-then-rerank. The
+                root gets its top-R children (R = K if not given); then per level the W most probable
+                paths get their top-K children, --depth levels, nothing cut; then the B nodes with the
+                highest path probability over ALL levels form the tree (a parent always outranks its
+                children, so they are a tree). Greedy only.
+
+Per configuration, medians over prompts of: tau (tokens per verify step, the correction/bonus
+counted), nodes per step, and, with plain, tok/s and speed = tok/s / plain tok/s on the same prompt;
+"= plain" counts outputs equal to plain greedy's. Then per layer and budget: the best tree shape,
+the chain at gamma = B, the best chain with gamma <= B (among those run), and the tree's tau gain
+over both; and the accepted-depth histograms summed over prompts. tau at T = 0 does not depend on
+timing; the speed columns do, so the output says when the machine was busy.
 
 Writes bench_trees.json and .md to --out (default out/bench_trees/).
 """
 
 from __future__ import annotations
 
+import argparse
+import math
+import re
 import sys
 
 import benchlib
@@ -32,6 +51,40 @@ import torch  # noqa: E402
 from minispec.cli import ranged  # noqa: E402
 
 PROG = "bench_trees"
+SKIPPABLE = ("plain", "ngram")
+SHAPE = re.compile(r"^(?:w(?P<w>\d+)k(?P<wk>\d+)|s(?P<s>\d+(?:-\d+)*)|g(?P<g>\d+)k(?P<gk>\d+)(?:r(?P<gr>\d+))?)"
+                   r"(?:@(?P<at>\d+))?$")
+
+
+def parse_shape(text: str) -> dict:
+    """'w4k4' / 's8-2-1' / 'g4k4r16' -> {'kind': 'dynamic'|'static'|'rerank', ...}; ValueError if malformed."""
+    m = SHAPE.match(text)
+    if m is None:
+        raise ValueError(text)
+    if m["w"] is not None:
+        shape = {"kind": "dynamic", "width": int(m["w"]), "branching": (int(m["wk"]),)}
+    elif m["s"] is not None:
+        shape = {"kind": "static", "width": None, "branching": tuple(int(k) for k in m["s"].split("-"))}
+    else:
+        k = int(m["gk"])
+        shape = {"kind": "rerank", "width": int(m["g"]), "top_k": k, "root": int(m["gr"]) if m["gr"] else k}
+    shape["at"] = int(m["at"]) if m["at"] else None
+    counts = (shape["width"], *shape.get("branching", ()), shape.get("top_k"), shape.get("root"), shape["at"])
+    if any(v is not None and v < 1 for v in counts):
+        raise ValueError(text)
+    return {"name": text.split("@")[0], **shape}
+
+
+def shape_list(text: str) -> tuple[dict, ...]:
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    try:
+        shapes = tuple(parse_shape(s) for s in names)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--shapes = {text!r}: bad shape {e.args[0]!r}; expected wWkK (dynamic), "
+                                          "sA-B-C (static) or gWkK[rR] (rerank prototype), e.g. w4k4,s16-1,g4k4r16")
+    if not shapes:
+        raise argparse.ArgumentTypeError(f"--shapes = {text!r}; expected at least one shape")
+    return shapes
 
 
 def build_parser():
@@ -39,12 +92,19 @@ def build_parser():
     p.add_argument("--sets", type=benchlib.name_list("--sets", benchlib.SPEC_BENCH_SETS),
                    default="summarization,rag,math_reasoning", help="Spec-Bench categories, comma-separated")
     p.add_argument("--prompts", type=ranged(int, "--prompts", lo=1), default=2, help="prompts per set")
+    p.add_argument("--first-prompt", type=ranged(int, "--first-prompt", lo=0), default=0,
+                   help="skip this many prompts of each set first")
     p.add_argument("--budgets", type=benchlib.number_list(int, "--budgets", lo=1), default="8,16",
                    help="verify budgets B (B + 1 rows per step), comma-separated")
     p.add_argument("--depth", type=ranged(int, "--depth", lo=1), default=6, help="the deepest a tree goes")
-    p.add_argument("--layer", type=ranged(int, "--layer", lo=1), default=24, help="early exit after this layer")
-    p.add_argument("--width", type=ranged(int, "--width", lo=1), default=4, help="tree: paths expanded per level")
-    p.add_argument("--top-k", type=ranged(int, "--top-k", lo=1), default=4, help="tree: children per expanded node")
+    p.add_argument("--layers", type=benchlib.number_list(int, "--layers", lo=1), default="24",
+                   help="early exit after each of these layers, comma-separated")
+    p.add_argument("--shapes", type=shape_list, default="w4k4",
+                   help="early-exit tree shapes, comma-separated: wWkK, sA-B-C, gWkK[rR] (see the docstring)")
+    p.add_argument("--chain-gammas", type=benchlib.number_list(int, "--chain-gammas", lo=1), default=None,
+                   help="early-exit chains at these gammas (if not given: gamma = each budget)")
+    p.add_argument("--skip", type=benchlib.name_list("--skip", SKIPPABLE), default=None,
+                   help="leave out: plain (no speed columns, no '= plain' check), ngram (the n-gram rows)")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=64)
     return p
 
@@ -54,58 +114,196 @@ def main(argv=None) -> int:
 
 
 def render(result: dict) -> str:
-    return benchlib.record_markdown(result["run"]) + "\n" + result["table"]
+    return "\n".join([benchlib.record_markdown(result["run"]), result["note"], "", result["table"], "",
+                      "Best tree shape per layer and budget:", "", result["best_table"], "",
+                      "Accepted depth (nodes accepted per step, summed over prompts):", "", result["depth_table"], ""])
+
+
+class RerankTreeDrafter:
+    """PROTOTYPE of a shape ModelTreeDrafter cannot express (EAGLE-2's expand-then-rerank, with a
+    root width of its own). Greedy (T = 0) only. Built on a ModelTreeDrafter for its cache and its
+    `_hidden`; see the module docstring (gWkK[rR]) for the shape."""
+
+    def __init__(self, model, *, num_layers: int, width: int, top_k: int, root: int, name: str) -> None:
+        from minispec.tree_speculative import ModelTreeDrafter
+        self.base = ModelTreeDrafter(model, num_layers=num_layers, branching=(top_k,), width=width)
+        self.model, self.width, self.top_k, self.root, self.name = model, width, top_k, root, name
+
+    def start(self, max_seq_len: int) -> None:
+        # the expansion holds more nodes than the budget: room for `root` + W * K per level, up to 32 levels
+        self.base.start(max_seq_len + self.root + 32 * self.width * self.top_k)
+
+    def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
+        from minispec.errors import MinispecError
+        from minispec.tree import DraftTree, tree_mask, tree_positions
+        if params is not None and not params.greedy:
+            raise MinispecError("RerankTreeDrafter: greedy only")
+        base, model, cache = self.base, self.model, self.base.cache
+        cache.truncate(min(cache.length, len(context) - 1))
+        root_logits = model.head(base._hidden(context[cache.length:])[-1])  # [V]
+        start = cache.length  # == len(context)
+        tokens, parents, rows, scores = [], [], [], []
+        frontier = [(-1, root_logits.float(), 0.0)]
+        for level in range(depth):
+            k = self.root if level == 0 else self.top_k
+            first_new = len(tokens)
+            for node, logits, score in sorted(frontier, key=lambda f: -f[2])[: self.width if level else 1]:
+                q = torch.softmax(logits, dim=-1)
+                top = torch.topk(q, min(k, vocab_size))
+                for token, prob in zip(top.indices.tolist(), top.values.tolist()):
+                    tokens.append(token)
+                    parents.append(node)
+                    rows.append(q)
+                    scores.append(score + math.log(max(prob, 1e-300)))
+            if level + 1 == depth or level + 1 == 32:
+                break
+            tree = DraftTree(tokens, parents, torch.stack(rows))
+            mask = tree_mask(tree, start - 1, model.device)[1 + first_new:, : start + len(tokens)]
+            positions = tree_positions(tree, start - 1, model.device)[1 + first_new:]
+            cache.truncate(start + first_new)
+            logits = model.head(base._hidden(tokens[first_new:], positions=positions, mask=mask))  # [m, V]
+            frontier = [(first_new + j, logits[j].float(), scores[first_new + j]) for j in range(len(logits))]
+        cache.truncate(start)
+        # rerank: the `budget` best paths over all levels (ties: the earlier node, so a parent before its child)
+        keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:budget])
+        new_index = {old: new for new, old in enumerate(keep)}
+        return DraftTree([tokens[i] for i in keep], [new_index.get(parents[i], -1) for i in keep],
+                         torch.stack([rows[i] for i in keep]) if keep else torch.zeros(0, vocab_size))
+
+
+def make_drafter(model, layer: int, shape: dict):
+    from minispec.tree_speculative import ModelTreeDrafter
+    if shape["kind"] == "rerank":
+        return RerankTreeDrafter(model, num_layers=layer, width=shape["width"], top_k=shape["top_k"],
+                                 root=shape["root"], name=f"rerank:{shape['name']}")
+    return ModelTreeDrafter(model, num_layers=layer, branching=shape["branching"], width=shape["width"])
 
 
 def measure(args, ckpt) -> dict:
     import minispec
     from minispec.speculative import generate
-    from minispec.tree_speculative import ModelTreeDrafter, NgramTreeDrafter, generate_tree
+    from minispec.tree_speculative import NgramTreeDrafter, generate_tree
 
+    skip = set(args.skip or ())
     model = minispec.load_model(ckpt, dtype=torch.float32)
     tokenizer = minispec.load_tokenizer(ckpt)
     eos = tokenizer.eos_token_ids
-    prompts = benchlib.load_prompts(args.sets, args.prompts, tokenizer)
+    prompts = [p for p in benchlib.load_prompts(args.sets, args.first_prompt + args.prompts, tokenizer)
+               if p.index >= args.first_prompt]
+    prompts.sort(key=lambda p: p.index)  # one of each set in turn: a run stopped early is still balanced
     n = args.max_new_tokens
+    gammas = sorted(args.chain_gammas or args.budgets)
 
-    configs = {"plain": lambda ids: generate(model, ids, max_new_tokens=n, eos_token_ids=eos)}
-    for budget in args.budgets:
-        configs[f"chain early-exit:{args.layer} g{budget}"] = (
-            lambda ids, b=budget: generate(model, ids, max_new_tokens=n, draft=f"early-exit:{args.layer}", gamma=b,
-                                           eos_token_ids=eos))
-        configs[f"tree early-exit:{args.layer} {budget}"] = (
-            lambda ids, b=budget: generate_tree(
-                model, ids, max_new_tokens=n, budget=b, max_depth=args.depth, eos_token_ids=eos,
-                drafter=ModelTreeDrafter(model, num_layers=args.layer, branching=(args.top_k,), width=args.width)))
-        configs[f"chain ngram g{budget}"] = (
-            lambda ids, b=budget: generate(model, ids, max_new_tokens=n, draft="ngram", gamma=b, eos_token_ids=eos))
-        configs[f"tree ngram {budget}"] = (
-            lambda ids, b=budget: generate_tree(model, ids, max_new_tokens=n, budget=b, max_depth=args.depth,
-                                                eos_token_ids=eos, drafter=NgramTreeDrafter()))
+    configs = {}  # name -> (meta, fn)
+    if "plain" not in skip:
+        configs["plain"] = ({"kind": "plain"}, lambda ids: generate(model, ids, max_new_tokens=n, eos_token_ids=eos))
+    for layer in args.layers:
+        for g in gammas:
+            configs[f"chain early-exit:{layer} g{g}"] = (
+                {"kind": "chain", "layer": layer, "gamma": g},
+                lambda ids, g=g, layer=layer: generate(model, ids, max_new_tokens=n, draft=f"early-exit:{layer}",
+                                                       gamma=g, eos_token_ids=eos))
+        for budget in args.budgets:
+            for shape in args.shapes:
+                if shape["at"] not in (None, budget):
+                    continue
+                configs[f"tree early-exit:{layer} {shape['name']} {budget}"] = (
+                    {"kind": "tree", "layer": layer, "shape": shape["name"], "budget": budget},
+                    lambda ids, b=budget, layer=layer, shape=shape: generate_tree(
+                        model, ids, max_new_tokens=n, budget=b, max_depth=args.depth, eos_token_ids=eos,
+                        drafter=make_drafter(model, layer, shape)))
+    if "ngram" not in skip:
+        for budget in args.budgets:
+            configs[f"chain ngram g{budget}"] = (
+                {"kind": "ngram chain", "gamma": budget},
+                lambda ids, b=budget: generate(model, ids, max_new_tokens=n, draft="ngram", gamma=b, eos_token_ids=eos))
+            configs[f"tree ngram {budget}"] = (
+                {"kind": "ngram tree", "budget": budget},
+                lambda ids, b=budget: generate_tree(model, ids, max_new_tokens=n, budget=b, max_depth=args.depth,
+                                                    eos_token_ids=eos, drafter=NgramTreeDrafter()))
 
+    loads = [benchlib.load_average()]
     per_config = {name: [] for name in configs}
     for prompt in prompts:
         plain_tokens, plain_speed = None, None
-        for name, fn in configs.items():
+        for name, (meta, fn) in configs.items():
             out = fn(prompt.ids)
             s = out.stats
-            row = {"set": prompt.set, "tau": s.get("tau", 1.0), "tok_s": s["tokens_per_second"],
-                   "nodes": s.get("nodes_per_step", s.get("num_drafted", 0) / max(1, s.get("verify_steps", 1))),
-                   "tokens": len(out.tokens)}
+            steps = max(1, s.get("verify_steps", 1))
+            row = {"set": prompt.set, "index": prompt.index, "tau": s.get("tau", 1.0), "tok_s": s["tokens_per_second"],
+                   "nodes": s.get("nodes_per_step", s.get("num_drafted", 0) / steps),
+                   "tokens": len(out.tokens), "steps": s.get("verify_steps"),
+                   "depths": s.get("accepted_depth_histogram", s.get("accepted_length_histogram"))}
             if name == "plain":
                 plain_tokens, plain_speed = out.tokens, s["tokens_per_second"]
-            row["same"] = out.tokens == plain_tokens
+            row["same"] = None if plain_tokens is None else out.tokens == plain_tokens
             row["speed"] = ratio(s["tokens_per_second"], plain_speed)
             per_config[name].append(row)
-            print(f"{prompt.set}#{prompt.index} {name:32s} tau {row['tau']:.2f} nodes {row['nodes']:.1f} "
-                  f"speed {row['speed']:.2f}", file=sys.stderr, flush=True)
+            print(f"{prompt.set}#{prompt.index} {name:36s} tau {row['tau']:.3f} nodes {row['nodes']:.1f} "
+                  f"depths {row['depths']}", file=sys.stderr, flush=True)
+        loads.append(benchlib.load_average())
 
+    metas = {name: meta for name, (meta, _) in configs.items()}
+    return {"configs": per_config, "meta": metas, "loads": loads, "note": speed_note(skip, loads),
+            **tables(per_config, metas, args, gammas, with_speed="plain" not in skip)}
+
+
+def speed_note(skip: set, loads: list) -> str:
+    if "plain" in skip:
+        return "tau only (plain skipped: no speed columns, no '= plain' check)."
+    return (f"Load average during the run: {', '.join(str(x) for x in loads)}. tau does not depend on timing; "
+            "the tok/s and speed columns do: trust them only if the machine ran nothing else (load near 1).")
+
+
+def depth_counts(records) -> list[int]:
+    total: list[int] = []
+    for r in records:
+        for i, c in enumerate(r["depths"] or []):
+            total.extend([0] * (i + 1 - len(total)))
+            total[i] += c
+    while total and total[-1] == 0:
+        total.pop()
+    return total
+
+
+def tables(per_config, metas, args, gammas, with_speed) -> dict:
+    header = ["config", "tau", "nodes/step", "prompts"] + (["tok/s", "speed", "= plain"] if with_speed else [])
     rows = []
+    tau = {name: median(r["tau"] for r in records) for name, records in per_config.items()}
     for name, records in per_config.items():
-        rows.append([name, fmt(median(r["tau"] for r in records)), fmt(median(r["nodes"] for r in records), ".1f"),
-                     fmt(median(r["tok_s"] for r in records), ".1f"), fmt(median(r["speed"] for r in records)),
-                     f"{sum(r['same'] for r in records)}/{len(records)}"])
-    return {"configs": per_config, "table": md_table(["config", "tau", "nodes/step", "tok/s", "speed", "= plain"], rows)}
+        row = [name, fmt(tau[name], ".3f"), fmt(median(r["nodes"] for r in records), ".1f"), str(len(records))]
+        if with_speed:
+            row += [fmt(median(r["tok_s"] for r in records), ".1f"), fmt(median(r["speed"] for r in records)),
+                    f"{sum(bool(r['same']) for r in records)}/{len(records)}"]
+        rows.append(row)
+
+    def pct(a, b):
+        return f"{100 * (a / b - 1):+.0f}%" if a is not None and b else "–"
+
+    best_rows, best = [], []
+    for layer in args.layers:
+        chain_tau = {g: tau[f"chain early-exit:{layer} g{g}"] for g in gammas}
+        for budget in args.budgets:
+            trees = {m["shape"]: tau[name] for name, m in metas.items()
+                     if m["kind"] == "tree" and m["layer"] == layer and m["budget"] == budget}
+            if not trees:
+                continue
+            shape = max(trees, key=lambda s: trees[s])
+            fitting = [g for g in gammas if g <= budget]
+            g_best = max(fitting, key=lambda g: chain_tau[g]) if fitting else None
+            entry = {"layer": layer, "budget": budget, "shape": shape, "tau": trees[shape],
+                     "chain_gB": chain_tau.get(budget), "best_chain_gamma": g_best, "best_chain": chain_tau.get(g_best)}
+            best.append(entry)
+            best_rows.append([str(layer), str(budget), shape, fmt(trees[shape], ".3f"),
+                              fmt(entry["chain_gB"], ".3f") if budget in chain_tau else "not run",
+                              f"g{g_best}: {fmt(chain_tau[g_best], '.3f')}" if g_best else "none run",
+                              pct(trees[shape], entry["chain_gB"]), pct(trees[shape], entry["best_chain"])])
+    depth_rows = [[name, " ".join(map(str, depth_counts(records)))] for name, records in per_config.items()
+                  if metas[name]["kind"] != "plain"]
+    return {"table": md_table(header, rows), "best": best,
+            "best_table": md_table(["layer", "B", "best shape", "tau", "chain gB", "best chain g<=B",
+                                    "gain vs gB", "gain vs best chain"], best_rows),
+            "depth_table": md_table(["config", "steps with 0, 1, 2, ... accepted"], depth_rows)}
 
 
 if __name__ == "__main__":
