@@ -38,7 +38,8 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 PROG = "minispec.generate"
 DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
 DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
-SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace") + DROPMATCH_FLAGS
+TREE_FLAGS = ("branching", "tree_width")
+SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree") + DROPMATCH_FLAGS + TREE_FLAGS
 
 EQUIVALENTS = """\
 the same settings in vLLM (speculative_config) / llama.cpp / transformers (generate):
@@ -52,6 +53,8 @@ the same settings in vLLM (speculative_config) / llama.cpp / transformers (gener
   --max-new-tokens N        max_tokens=N / -n N / max_new_tokens=N
   --stop S                  stop=[S] / "stop" (server) / stop_strings=[S]
   --temperature, --top-k, --top-p, --seed: the same in all three
+  --tree N --branching K    SGLang's EAGLE trees: --speculative-num-draft-tokens N
+                            --speculative-eagle-topk K --speculative-num-steps gamma
 --stats: "mean accepted length" = vLLM's mean acceptance length and llama.cpp's accepted
 tokens per drafted step (tau_drafted in --json); tau also counts steps that drafted nothing.
 """
@@ -86,6 +89,9 @@ class GenerateArgs:
     criterion: str
     majority: str
     or_base: bool
+    tree: int | None  # nodes per verify pass; None: chains
+    branching: tuple[int, ...] | None
+    tree_width: int | None
     stats: bool
     show: bool
     color: str
@@ -160,6 +166,16 @@ def build_parser() -> Parser:
     s.add_argument("--majority", choices=["strict", "plurality"], default="strict", help="DropMatch: the vote")
     s.add_argument("--no-or-base", dest="or_base", action="store_false",
                    help="DropMatch alone, not OR-ed with its base policy (exact at T=0, sampling at T>0)")
+    t = p.add_argument_group("draft trees")
+    t.add_argument("--tree", type=ranged(int, "--tree", lo=1), default=None, metavar="N",
+                   help="draft a tree of up to N nodes per step instead of a chain, verified in one pass of N+1 rows; "
+                        "--gamma is its depth (n-gram and model drafts)")
+    t.add_argument("--branching", type=branching, default=None, metavar="K1,K2,...",
+                   help="model-draft trees: children per node at depth 1, 2, ... (default 4,2,1); with --tree-width: "
+                        "children per expanded node")
+    t.add_argument("--tree-width", type=ranged(int, "--tree-width", lo=1), default=None, metavar="W",
+                   help="model-draft trees: expand only the W most probable paths per level (EAGLE-2's dynamic "
+                        "tree); default: every node (static)")
     o = p.add_argument_group("output")
     o.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
     o.add_argument("--show", action="store_true",
@@ -199,6 +215,18 @@ def dropout_p(text: str) -> float | str:
     return value
 
 
+def branching(text: str) -> tuple[int, ...]:
+    """--branching: comma-separated integers >= 1, e.g. 4,2,1."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"--branching = {text!r}; expected integers >= 1, comma-separated "
+                                         "(children per node at depth 1, 2, ...), e.g. 4,2,1")
+    return values
+
+
 def parse_args(argv: list[str] | None = None) -> GenerateArgs:
     parser = build_parser()
     ns = parser.parse_args(argv)
@@ -230,6 +258,13 @@ def check_flags(args: GenerateArgs) -> None:
             raise MinispecError("--stop '': an empty stop string would stop at once; expected a non-empty STRING")
         if dest == "system" and args.chat is False:
             raise MinispecError("--system: a chat-template message; expected chat mode, not --raw")
+        if dest in TREE_FLAGS and args.tree is None:
+            raise MinispecError(f"{flag(dest)}: shapes a draft tree; expected --tree N with it")
+        if dest in ("trace", "draft_p_min") and args.tree is not None:
+            raise MinispecError(f"{flag(dest)}: chain drafts only; expected it without --tree")
+        if dest == "draft_length" and args.tree is not None and args.draft_length != "fixed":
+            raise MinispecError("--draft-length heuristic: chain drafts only (a tree's depth is --gamma); "
+                                "expected it without --tree")
     if "agreement" in args.given and args.dropout_p != "auto":
         raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
     from minispec.tokenizer import check_text
@@ -317,6 +352,12 @@ def _run(args: GenerateArgs, progress: _Progress) -> dict:
             print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
         kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
     policy = _policy(args, p)
+    tree = None
+    if args.tree is not None:  # the chain drafter's tree form, on the model the kernels rewrote
+        from minispec.tree_speculative import TreeSpec, make_tree_drafter
+
+        tree = TreeSpec(budget=args.tree, branching=args.branching or TreeSpec.branching, width=args.tree_width)
+        drafter = make_tree_drafter(drafter, model, tree)
 
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
     printer = progress.printer = None if args.json or args.trace else _Printer(
@@ -326,7 +367,7 @@ def _run(args: GenerateArgs, progress: _Progress) -> dict:
         from minispec.trace import Tracer
 
         tracer = Tracer(tokenizer, drafter.name, policy.name, out=sys.stderr if args.json else None)  # keep JSON clean
-    speculative = {} if drafter is None else {"draft_length": args.draft_length}
+    speculative = {} if drafter is None else {"draft_length": args.draft_length, "tree": tree}
     result = generate(
         model, prompt_ids, max_new_tokens=args.max_new_tokens, draft=drafter, policy=policy, gamma=args.gamma,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -557,6 +598,9 @@ def format_stats(s: dict) -> str:
         f"time: draft {s['draft_seconds']:.2f}s, verify {s['verify_seconds']:.2f}s, policy {s['policy_seconds']:.2f}s, "
         f"total {s['total_seconds']:.2f}s",
     ]
+    if s.get("tree"):
+        lines.insert(1, f"tree: {s['nodes_per_step']:.1f} nodes verified per step (budget {s['budget']}, depth "
+                        f"{s['max_depth']}); accepted depth per step {s['accepted_depth_histogram']}")
     info = s.get("policy_info", {})
     if "accepted_by_dropmatch_only" in info:
         agree = (f"all K heads agree with the clean argmax at {info['heads_agree'] / info['positions']:.1%} of positions"

@@ -296,6 +296,18 @@ def decide_tree(policy: AcceptancePolicy | None, tree: DraftTree, target_logits:
                               policy.greedy_criterion_temperature), {})
     if type(policy) is DropMatch:
         return dropmatch_walk(tree, target_logits.double(), p_target, hidden, head, params, generator, policy)
+    check_tree_policy(policy)
+    raise AssertionError("unreachable")  # check_tree_policy refused it
+
+
+TREE_POLICIES = (ExactMatch, SpeculativeSampling, TypicalAcceptance, DropMatch)
+
+
+def check_tree_policy(policy: AcceptancePolicy | None) -> None:
+    """A one-line error unless decide_tree has a walk for `policy` (LazyDropMatch's shortcuts are
+    the chain's: on a tree use DropMatch, whose decisions they equal)."""
+    if policy is None or type(policy) in TREE_POLICIES:
+        return
     raise MinispecError(f"policy {policy.name!r} has no tree form; expected exact, sampling, typical or dropmatch "
                         "with a tree (or a chain: no tree)")
 
@@ -336,6 +348,7 @@ def generate_tree(
     generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
     prompt = _check_prompt(target, prompt_ids, max_new_tokens)
     eos = set(target.config.eos_token_ids if eos_token_ids is None else _check_eos(target, eos_token_ids))
+    check_tree_policy(policy)
     if policy is not None:
         policy.reset(seed)
     vocab = target.config.vocab_size

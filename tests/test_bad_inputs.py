@@ -324,6 +324,24 @@ ROWS: list[Row] = [
         note="drafts are capped by max_new_tokens; gamma needs no room in the context"),
     cli("context-overflow-with-gamma", "--ckpt CKPT --max-new-tokens 600 --draft ngram --gamma 10000", 2,
         "max_new_tokens=600", "max_position_embeddings=512", absent=("gamma",)),
+    # ---- draft trees
+    cli("tree-without-draft", f"{G} --tree 8", 2, "--tree", "--draft"),
+    cli("tree-zero", f"{G} --draft ngram --tree 0", 2, "--tree"),
+    cli("branching-without-tree", f"{G} --draft ngram --branching 4,2", 2, "--branching", "--tree"),
+    cli("branching-zero", f"{G} --draft ngram --tree 8 --branching 4,0", 2, "--branching", "4,0"),
+    cli("tree-width-without-tree", f"{G} --draft ngram --tree-width 2", 2, "--tree-width", "--tree"),
+    cli("tree-with-trace", f"{G} --draft ngram --tree 8 --trace", 2, "--trace", "--tree"),
+    cli("tree-with-heuristic-length", f"{G} --draft ngram --tree 8 --draft-length heuristic", 2, "--draft-length",
+        "--tree"),
+    cli("tree-lazy-policy", f"{G} --draft ngram --tree 8 --policy dropmatch-lazy", 2, "dropmatch-lazy", "tree"),
+    cli("tree-runs", f"{G} --draft ngram --tree 8 --json", 0, check=check_finished,
+        note="a tree of n-gram candidates"),
+    api("generate-tree-without-draft", "generate(model, [1, 2], max_new_tokens=2, tree=8)", MinispecError, "tree",
+        "draft"),
+    api("generate-tree-true", "generate(model, [1, 2], max_new_tokens=2, draft='ngram', tree=True)", MinispecError,
+        "tree = True", "TreeSpec"),
+    api("tree-spec-branching-zero", "TreeSpec(branching=(4, 0))", MinispecError, "branching", "(4, 0)"),
+    api("tree-spec-budget-zero", "TreeSpec(budget=0)", MinispecError, "budget = 0"),
     # ---- the weights command shares the exit path
     cli("weights-dest-is-a-file", f"--dest CKPT/{WEIGHTS}", 2, f"CKPT/{WEIGHTS}", module="minispec.weights"),
     # ---- Ctrl-C and a closed pipe (a real process each)
@@ -353,6 +371,7 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
     from minispec.drafters import NgramDrafter
     from minispec.sampling import SamplingParams
     from minispec.speculative import generate
+    from minispec.tree_speculative import TreeSpec
     from minispec.weights import convert_gguf
 
     class Namespace(dict):
@@ -366,6 +385,7 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
     return Namespace(__builtins__=builtins, minispec=minispec, torch=torch, acceptance=acceptance,
                      load_model=load_model, load_tokenizer=load_tokenizer, ModelConfig=ModelConfig,
                      SamplingParams=SamplingParams, generate=generate, NgramDrafter=NgramDrafter, convert_gguf=convert_gguf,
+                     TreeSpec=TreeSpec,
                      TINY_CONFIG=TINY_CONFIG, CKPT=folder, TINY=tiny)
 
 

@@ -32,6 +32,19 @@ def test_speculative_json_with_stats(real_ckpt, capsys):
     assert stats["policy"] == "dropmatch" and 1 <= stats["tau"] <= 4 and "acceptance_rate" in stats
 
 
+def test_tree_flags_give_plain_greedy_text_and_a_tree_stats_line(real_ckpt, capsys):
+    common = ("--ckpt", str(real_ckpt), "--max-new-tokens", "12")
+    plain = json.loads(run_cli(capsys, *common, "--json")[1])
+    for flags in (("--draft", "ngram", "--tree", "6"),
+                  ("--draft", "early-exit:20", "--tree", "6", "--branching", "3,1", "--tree-width", "2")):
+        tree = json.loads(run_cli(capsys, *common, *flags, "--json")[1])
+        assert tree["tokens"] == plain["tokens"], flags
+        assert tree["stats"]["tree"] and tree["stats"]["budget"] == 6 and tree["stats"]["nodes_per_step"] <= 6
+        code, out, err = run_cli(capsys, *common, *flags, "--stats")
+        assert code == 0 and out == plain["text"] + "\n"
+        assert "tree: " in err and "nodes verified per step (budget 6, depth 5)" in err, err
+
+
 def test_dropout_p_auto_reports_the_calibrated_p_in_json_and_stats(real_ckpt, capsys):
     """--dropout-p auto picks p by measured head agreement on the prompt's own greedy continuation:
     the same p as calling the calibration directly, reported in --json and --stats; a fixed p is

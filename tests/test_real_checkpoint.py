@@ -24,6 +24,7 @@ import torch
 from minispec import kernels
 from minispec.drafters import make_drafter
 from minispec.speculative import generate
+from minispec.tree_speculative import TreeSpec
 
 GOLDEN = Path(__file__).parent / "data" / "golden_smollm2.json"
 ATOL = 2e-4
@@ -92,10 +93,17 @@ def test_exact_speculative_equals_plain_greedy_on_the_fast_path(real_model, real
     _check_speculative_equals_plain(target, real_tokenizer, drafter)
 
 
-def _check_speculative_equals_plain(real_model, real_tokenizer, draft):
+@pytest.mark.parametrize("draft", ["ngram", "early-exit:24"])
+def test_tree_speculative_equals_plain_greedy_on_the_fast_path(real_model, real_tokenizer, draft):
+    """Trees of 8 nodes (n-gram trie; early exit static 4,2,1) verified in one fast-kernel pass."""
+    target = kernels.apply(copy.deepcopy(real_model), "fast")
+    _check_speculative_equals_plain(target, real_tokenizer, draft, tree=TreeSpec(budget=8, branching=(4, 2, 1)))
+
+
+def _check_speculative_equals_plain(real_model, real_tokenizer, draft, tree=None):
     for text in PROMPTS:
         prompt = real_tokenizer.apply_chat_template([{"role": "user", "content": text}])
         plain = generate(real_model, prompt, max_new_tokens=40)
-        spec = generate(real_model, prompt, max_new_tokens=40, draft=draft, policy="exact", gamma=5)
+        spec = generate(real_model, prompt, max_new_tokens=40, draft=draft, policy="exact", gamma=5, tree=tree)
         assert_equal_up_to_near_tie(real_model, prompt, spec.tokens, plain.tokens)
         assert spec.stats["tau"] > 1.0  # the drafter did get tokens accepted
