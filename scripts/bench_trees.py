@@ -20,6 +20,9 @@ Early-exit drafters use the target's first L layers + norm + head, L from --laye
     sA-B-C      ModelTreeDrafter(branching=(A, B, C)): static, every node at depth d gets the d-th count
                 of children, each level cut at the budget (best path probability first)
     SHAPE@B     that shape at budget B only (e.g. s8-1@16); without @B a shape runs at every budget
+    t:PATH      PROTOTYPE (TopologyTreeDrafter below, not in minispec): a fixed tree of draft ranks read from
+                the JSON file PATH (a list of rank tuples in priority order, or {"<layer>": list}); budget B
+                takes the first B tuples. out/tree_shapes/rank_analysis.py fits such lists.
     gWkK[rR]    PROTOTYPE (RerankTreeDrafter below, not in minispec): EAGLE-2's expand-then-rerank. The
                 root gets its top-R children (R = K if not given); then per level the W most probable
                 paths get their top-K children, --depth levels, nothing cut; then the B nodes with the
@@ -42,6 +45,7 @@ import argparse
 import math
 import re
 import sys
+from pathlib import Path
 
 import benchlib
 from benchlib import fmt, md_table, median, ratio
@@ -59,6 +63,11 @@ SHAPE = re.compile(r"^(?:w(?P<w>\d+)k(?P<wk>\d+)|s(?P<s>\d+(?:-\d+)*)|g(?P<g>\d+
 def parse_shape(text: str) -> dict:
     """'w4k4' / 's8-2-1' / 'g4k4r16' -> {'kind': 'dynamic'|'static'|'rerank', ...}; ValueError if malformed."""
     m = SHAPE.match(text)
+    if text.startswith("t:"):  # t:PATH[@B]
+        path, _, at = text[2:].partition("@")
+        if not path or (at and not (at.isdigit() and int(at) >= 1)):
+            raise ValueError(text)
+        return {"name": "t:" + Path(path).stem, "kind": "topology", "path": path, "width": None, "at": int(at) if at else None}
     if m is None:
         raise ValueError(text)
     if m["w"] is not None:
@@ -81,7 +90,8 @@ def shape_list(text: str) -> tuple[dict, ...]:
         shapes = tuple(parse_shape(s) for s in names)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"--shapes = {text!r}: bad shape {e.args[0]!r}; expected wWkK (dynamic), "
-                                          "sA-B-C (static) or gWkK[rR] (rerank prototype), e.g. w4k4,s16-1,g4k4r16")
+                                          "sA-B-C (static), gWkK[rR] (rerank prototype) or t:PATH (topology "
+                                          "prototype), e.g. w4k4,s16-1,g4k4r16")
     if not shapes:
         raise argparse.ArgumentTypeError(f"--shapes = {text!r}; expected at least one shape")
     return shapes
@@ -171,8 +181,67 @@ class RerankTreeDrafter:
                          torch.stack([rows[i] for i in keep]) if keep else torch.zeros(0, vocab_size))
 
 
+class TopologyTreeDrafter(RerankTreeDrafter):
+    """PROTOTYPE of a shape ModelTreeDrafter cannot express: a fixed tree of draft RANKS (Medusa /
+    Sequoia style). `topology` lists rank tuples in priority order, each after its prefixes: (1,) is
+    the draft's top-1 after the root, (2, 1) the top-1 after the root's 2nd choice, ... A budget of
+    B takes the first B tuples. Greedy (T = 0) only."""
+
+    def __init__(self, model, *, num_layers: int, topology, name: str) -> None:
+        self.topology = [tuple(t) for t in topology]
+        seen = set()
+        for t in self.topology:
+            if not t or min(t) < 1 or t in seen or (len(t) > 1 and t[:-1] not in seen):
+                raise ValueError(f"{name}: {t} repeats, has a rank < 1, or comes before its prefix")
+            seen.add(t)
+        super().__init__(model, num_layers=num_layers, width=1, top_k=1, root=len(self.topology), name=name)
+
+    def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
+        from minispec.errors import MinispecError
+        from minispec.tree import DraftTree, tree_mask, tree_positions
+        if params is not None and not params.greedy:
+            raise MinispecError("TopologyTreeDrafter: greedy only")
+        chosen = [t for t in self.topology[:budget] if len(t) <= depth]
+        base, model, cache = self.base, self.model, self.base.cache
+        cache.truncate(min(cache.length, len(context) - 1))
+        root_logits = model.head(base._hidden(context[cache.length:])[-1])  # [V]
+        start = cache.length
+        tokens, parents, rows, ranks = [], [], [], []
+        frontier = {(): (-1, root_logits.float())}  # rank tuple -> (node, draft logits there)
+        for level in range(1, depth + 1):
+            first_new = len(tokens)
+            for prefix, (node, logits) in frontier.items():
+                wanted = sorted(t[-1] for t in chosen if len(t) == level and t[:-1] == prefix)
+                if not wanted:
+                    continue
+                q = torch.softmax(logits, dim=-1)
+                top = torch.topk(q, min(max(wanted), vocab_size)).indices.tolist()
+                for r in wanted:
+                    if r <= len(top):
+                        tokens.append(top[r - 1])
+                        parents.append(node)
+                        rows.append(q)
+                        ranks.append(prefix + (r,))
+            if len(tokens) == first_new or not any(len(t) > level for t in chosen):
+                break
+            tree = DraftTree(tokens, parents, torch.stack(rows))
+            mask = tree_mask(tree, start - 1, model.device)[1 + first_new:, : start + len(tokens)]
+            positions = tree_positions(tree, start - 1, model.device)[1 + first_new:]
+            cache.truncate(start + first_new)
+            logits = model.head(base._hidden(tokens[first_new:], positions=positions, mask=mask))  # [m, V]
+            frontier = {ranks[first_new + j]: (first_new + j, logits[j].float()) for j in range(len(logits))}
+        cache.truncate(start)
+        return DraftTree(tokens, parents, torch.stack(rows) if rows else torch.zeros(0, vocab_size))
+
+
 def make_drafter(model, layer: int, shape: dict):
     from minispec.tree_speculative import ModelTreeDrafter
+    if shape["kind"] == "topology":
+        import json
+        with open(shape["path"], encoding="utf-8") as f:
+            topology = json.load(f)
+        topology = topology[str(layer)] if isinstance(topology, dict) else topology
+        return TopologyTreeDrafter(model, num_layers=layer, topology=topology, name=shape["name"])
     if shape["kind"] == "rerank":
         return RerankTreeDrafter(model, num_layers=layer, width=shape["width"], top_k=shape["top_k"],
                                  root=shape["root"], name=f"rerank:{shape['name']}")
