@@ -3,8 +3,8 @@
     python scripts/bench_trees.py [--prompts 2] [--budgets 8,16] [--layers 24] [--shapes w4k4]
                                   [--chain-gammas 1,2,3,4] [--skip ngram,plain] [--max-new-tokens 64] [--threads 1]
 
-At temperature 0 on Spec-Bench prompts (--sets, --prompts of each), float32, the reference model
-(model.py as written: the fast kernels' attention is not tree-aware yet). A verify budget B is
+At temperature 0 on Spec-Bench prompts (--sets, --prompts of each), float32, on --kernels (fast by
+default: chains and trees alike on minispec.kernels' packed weights). A verify budget B is
 B + 1 target rows per step: a chain drafts gamma = B tokens, a tree B nodes. Per prompt, in turn:
 
     plain                        plain greedy decoding: the baseline of every speed ratio and of "= plain"
@@ -29,8 +29,16 @@ Early-exit drafters use the target's first L layers + norm + head, L from --laye
                 highest path probability over ALL levels form the tree (a parent always outranks its
                 children, so they are a tree). Greedy only.
 
+--dropmatch P adds, for every tree configuration, the same tree walked by DropMatch's naive
+rule (the paper's rule on EAGLE3 trees: accept a node whose token is one of the K = --paths
+dropout heads' argmaxes, OR-ed with greedy), at dropout p = P; its quality next to greedy's:
+"prefix" (the share of plain greedy's tokens reproduced before the first difference) and
+"dNLL" (the mean negative log-likelihood per generated token under the target, minus plain
+greedy's on the same prompt: how much less likely the text is to the target; 0 for lossless).
+
 Per configuration, medians over prompts of: tau (tokens per verify step, the correction/bonus
-counted), nodes per step, and, with plain, tok/s and speed = tok/s / plain tok/s on the same prompt;
+counted), nodes per step, draft and verify milliseconds per step (the verify pass of B + 1
+rows with its tree mask, against the chain's), and, with plain, tok/s and speed = tok/s / plain tok/s on the same prompt;
 "= plain" counts outputs equal to plain greedy's. Then per layer and budget: the best tree shape,
 the chain at gamma = B, the best chain with gamma <= B (among those run), and the tree's tau gain
 over both; and the accepted-depth histograms summed over prompts. tau at T = 0 does not depend on
@@ -116,6 +124,10 @@ def build_parser():
     p.add_argument("--skip", type=benchlib.name_list("--skip", SKIPPABLE), default=None,
                    help="leave out: plain (no speed columns, no '= plain' check), ngram (the n-gram rows)")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=64)
+    p.add_argument("--kernels", choices=["fast", "reference"], default="fast", help="the model's kernels (all rows)")
+    p.add_argument("--dropmatch", type=ranged(float, "--dropmatch", lo=0, hi=1, hi_open=True), default=None,
+                   metavar="P", help="also walk every tree with DropMatch's naive rule at dropout p = P")
+    p.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch: dropout paths K")
     return p
 
 
@@ -250,11 +262,14 @@ def make_drafter(model, layer: int, shape: dict):
 
 def measure(args, ckpt) -> dict:
     import minispec
+    from minispec import kernels
+    from minispec.acceptance import DropMatch
     from minispec.speculative import generate
     from minispec.tree_speculative import NgramTreeDrafter, generate_tree
 
     skip = set(args.skip or ())
     model = minispec.load_model(ckpt, dtype=torch.float32)
+    kernels.apply(model, args.kernels, checkpoint=ckpt)
     tokenizer = minispec.load_tokenizer(ckpt)
     eos = tokenizer.eos_token_ids
     prompts = [p for p in benchlib.load_prompts(args.sets, args.first_prompt + args.prompts, tokenizer)
@@ -263,6 +278,8 @@ def measure(args, ckpt) -> dict:
     n = args.max_new_tokens
     gammas = sorted(args.chain_gammas or args.budgets)
 
+    tree_policies = [None] + ([DropMatch(p=args.dropmatch, paths=args.paths, criterion="naive")]
+                              if args.dropmatch is not None else [])
     configs = {}  # name -> (meta, fn)
     if "plain" not in skip:
         configs["plain"] = ({"kind": "plain"}, lambda ids: generate(model, ids, max_new_tokens=n, eos_token_ids=eos))
@@ -276,20 +293,24 @@ def measure(args, ckpt) -> dict:
             for shape in args.shapes:
                 if shape["at"] not in (None, budget):
                     continue
-                configs[f"tree early-exit:{layer} {shape['name']} {budget}"] = (
-                    {"kind": "tree", "layer": layer, "shape": shape["name"], "budget": budget},
-                    lambda ids, b=budget, layer=layer, shape=shape: generate_tree(
-                        model, ids, max_new_tokens=n, budget=b, max_depth=args.depth, eos_token_ids=eos,
-                        drafter=make_drafter(model, layer, shape)))
+                for policy in tree_policies:
+                    configs[f"tree early-exit:{layer} {shape['name']} {budget}{policy_suffix(policy)}"] = (
+                        {"kind": "tree", "layer": layer, "shape": shape["name"], "budget": budget,
+                         "policy": policy_suffix(policy)},
+                        lambda ids, b=budget, layer=layer, shape=shape, policy=policy: generate_tree(
+                            model, ids, max_new_tokens=n, budget=b, max_depth=args.depth, eos_token_ids=eos,
+                            drafter=make_drafter(model, layer, shape), policy=policy))
     if "ngram" not in skip:
         for budget in args.budgets:
             configs[f"chain ngram g{budget}"] = (
                 {"kind": "ngram chain", "gamma": budget},
                 lambda ids, b=budget: generate(model, ids, max_new_tokens=n, draft="ngram", gamma=b, eos_token_ids=eos))
-            configs[f"tree ngram {budget}"] = (
-                {"kind": "ngram tree", "budget": budget},
-                lambda ids, b=budget: generate_tree(model, ids, max_new_tokens=n, budget=b, max_depth=args.depth,
-                                                    eos_token_ids=eos, drafter=NgramTreeDrafter()))
+            for policy in tree_policies:
+                configs[f"tree ngram {budget}{policy_suffix(policy)}"] = (
+                    {"kind": "ngram tree", "budget": budget, "policy": policy_suffix(policy)},
+                    lambda ids, b=budget, policy=policy: generate_tree(
+                        model, ids, max_new_tokens=n, budget=b, max_depth=args.depth, eos_token_ids=eos,
+                        drafter=NgramTreeDrafter(), policy=policy))
 
     loads = [benchlib.load_average()]
     per_config = {name: [] for name in configs}
@@ -303,9 +324,15 @@ def measure(args, ckpt) -> dict:
                    "nodes": s.get("nodes_per_step", s.get("num_drafted", 0) / steps),
                    "tokens": len(out.tokens), "steps": s.get("verify_steps"),
                    "depths": s.get("accepted_depth_histogram", s.get("accepted_length_histogram"))}
+            row["draft_ms"] = 1000 * s.get("draft_seconds", 0.0) / steps
+            row["verify_ms"] = 1000 * s.get("verify_seconds", s["total_seconds"] - s["prefill_seconds"]) / steps
             if name == "plain":
                 plain_tokens, plain_speed = out.tokens, s["tokens_per_second"]
+                plain_nll = mean_nll(model, prompt.ids, out.tokens)
             row["same"] = None if plain_tokens is None else out.tokens == plain_tokens
+            if args.dropmatch is not None and plain_tokens is not None:
+                row["prefix"] = prefix_share(out.tokens, plain_tokens)
+                row["dnll"] = mean_nll(model, prompt.ids, out.tokens) - plain_nll
             row["speed"] = ratio(s["tokens_per_second"], plain_speed)
             per_config[name].append(row)
             print(f"{prompt.set}#{prompt.index} {name:36s} tau {row['tau']:.3f} nodes {row['nodes']:.1f} "
@@ -315,6 +342,24 @@ def measure(args, ckpt) -> dict:
     metas = {name: meta for name, (meta, _) in configs.items()}
     return {"configs": per_config, "meta": metas, "loads": loads, "note": speed_note(skip, loads),
             **tables(per_config, metas, args, gammas, with_speed="plain" not in skip)}
+
+
+def policy_suffix(policy) -> str:
+    return "" if policy is None else f" dropmatch-naive p{policy.p:g}"
+
+
+def prefix_share(tokens: list[int], plain: list[int]) -> float:
+    """The share of plain greedy's tokens reproduced before the first difference."""
+    same = next((i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b), min(len(tokens), len(plain)))
+    return same / len(plain)
+
+
+@torch.inference_mode()
+def mean_nll(model, prompt: list[int], tokens: list[int]) -> float:
+    """Mean -log p_target(token | everything before it) over the generated tokens, one forward pass."""
+    ids = torch.tensor([prompt + tokens])
+    logits = model(ids)[0, len(prompt) - 1: -1].double()  # [n, V]: the rows that predict the tokens
+    return float(-torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None]).mean())
 
 
 def speed_note(skip: set, loads: list) -> str:
@@ -336,14 +381,20 @@ def depth_counts(records) -> list[int]:
 
 
 def tables(per_config, metas, args, gammas, with_speed) -> dict:
-    header = ["config", "tau", "nodes/step", "prompts"] + (["tok/s", "speed", "= plain"] if with_speed else [])
+    quality = with_speed and args.dropmatch is not None
+    header = (["config", "tau", "nodes/step", "draft ms/step", "verify ms/step", "prompts"]
+              + (["tok/s", "speed", "= plain"] if with_speed else []) + (["prefix", "dNLL"] if quality else []))
     rows = []
     tau = {name: median(r["tau"] for r in records) for name, records in per_config.items()}
     for name, records in per_config.items():
-        row = [name, fmt(tau[name], ".3f"), fmt(median(r["nodes"] for r in records), ".1f"), str(len(records))]
+        row = [name, fmt(tau[name], ".3f"), fmt(median(r["nodes"] for r in records), ".1f"),
+               fmt(median(r["draft_ms"] for r in records), ".1f"), fmt(median(r["verify_ms"] for r in records), ".1f"),
+               str(len(records))]
         if with_speed:
             row += [fmt(median(r["tok_s"] for r in records), ".1f"), fmt(median(r["speed"] for r in records)),
                     f"{sum(bool(r['same']) for r in records)}/{len(records)}"]
+        if quality:
+            row += [fmt(median(r["prefix"] for r in records), ".2f"), fmt(median(r["dnll"] for r in records), "+.3f")]
         rows.append(row)
 
     def pct(a, b):
@@ -354,7 +405,7 @@ def tables(per_config, metas, args, gammas, with_speed) -> dict:
         chain_tau = {g: tau[f"chain early-exit:{layer} g{g}"] for g in gammas}
         for budget in args.budgets:
             trees = {m["shape"]: tau[name] for name, m in metas.items()
-                     if m["kind"] == "tree" and m["layer"] == layer and m["budget"] == budget}
+                     if m["kind"] == "tree" and m["layer"] == layer and m["budget"] == budget and not m["policy"]}
             if not trees:
                 continue
             shape = max(trees, key=lambda s: trees[s])

@@ -57,3 +57,18 @@ def test_a_short_run_writes_every_configuration_equal_to_plain_greedy(real_ckpt,
     assert best["best_chain"] == max(taus["chain early-exit:24 g1"], taus["chain early-exit:24 g3"])
     text = (tmp_path / "bench_trees.md").read_text()
     assert "| tree ngram 3 |" in text and "gain vs best chain" in text and "Load average" in text
+
+
+def test_dropmatch_rows_at_p0_equal_greedy_and_report_quality(real_ckpt, tmp_path):
+    """--dropmatch 0: the naive rule with every head the clean one is greedy, so its rows emit plain
+    greedy's tokens with the greedy tree's tau, prefix 1 and dNLL 0."""
+    subprocess.run([sys.executable, str(SCRIPT), "--ckpt", str(real_ckpt), "--prompts", "1", "--sets", "summarization",
+                    "--budgets", "4", "--shapes", "s2-1", "--chain-gammas", "2", "--dropmatch", "0",
+                    "--max-new-tokens", "8", "--threads", "1", "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True)
+    configs = json.loads((tmp_path / "bench_trees.json").read_text())["configs"]
+    for tree in ("tree early-exit:24 s2-1 4", "tree ngram 4"):
+        (greedy,), (naive,) = configs[tree], configs[tree + " dropmatch-naive p0"]
+        assert naive["same"] and naive["tau"] == greedy["tau"] and naive["prefix"] == 1.0 and naive["dnll"] == 0.0
+        assert naive["verify_ms"] > 0
+    assert "| prefix | dNLL |" in (tmp_path / "bench_trees.md").read_text()
