@@ -168,6 +168,47 @@ def test_dropmatch_walk_decides_as_its_definition_on_any_tree(case):
     assert (path, next_token) == expected
 
 
+def one_node_walk(token, q_row, logits_row, target_row, params, policy, seed=0):
+    """A tree of one node under the root, a toy identity head: hidden rows ARE the logits."""
+    tree = DraftTree([token], [-1], q_row[None], None if logits_row is None else logits_row[None])
+    target_logits = torch.stack([target_row, target_row])  # [2, V]
+    return dropmatch_walk(tree, target_logits, logits_to_probs(target_logits, params), target_logits, lambda h: h,
+                          params, torch.Generator().manual_seed(seed), policy)
+
+
+def test_the_js_test_reads_the_nodes_own_draft_logits_not_q_draft():
+    """p = 0: the radius is 0, so JS accepts exactly when the node's draft distribution is the
+    target's. The node carries a non-argmax token; its logits row equals the target's, its q row
+    is uniform: accepted (JS = 0) through the logits, rejected if q_draft were read instead."""
+    target_row = torch.tensor([3.0, 1.0, 0.5, -1.0], dtype=F64)
+    uniform = torch.full((4,), 0.25, dtype=F64)
+    policy = DropMatch(p=0.0, criterion="js", or_base=False)
+    assert one_node_walk(1, uniform, target_row.clone(), target_row, SamplingParams(), policy)[0] == [0]
+    assert one_node_walk(1, uniform, target_row + torch.tensor([0.0, 2.0, 0.0, 0.0], dtype=F64), target_row,
+                         SamplingParams(), policy)[0] == []
+    assert one_node_walk(1, uniform, None, target_row, SamplingParams(), policy)[0] == []  # no logits: q_draft
+
+
+def test_a_correction_after_a_rejection_only_dropmatch_made_comes_from_p_target():
+    """or_base=False, T = 1, two siblings. The base surely rejects the first (a = 0) and surely
+    accepts the second from the residual r_2 = [0, .6, .4, 0]; DropMatch's naive vote at p = 0
+    rejects both (neither is the argmax, token 0). The token that follows is a draw from p_target
+    itself, so over seeds it is token 0 half the time, where r_2 has no mass."""
+    p_row = torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=F64)
+    q_rows = torch.tensor([[0.5, 0.0, 0.0, 0.5], [0.0, 0.6, 0.0, 0.4]], dtype=F64)  # tokens 3, then 1
+    tree = DraftTree([3, 1], [-1, -1], q_rows)
+    target_logits = torch.stack([p_row.log(), p_row.log(), p_row.log()])  # [3, V]
+    p_target = logits_to_probs(target_logits, SamplingParams(1.0))
+    policy = DropMatch(p=0.0, criterion="naive", or_base=False)
+    drawn = []
+    for seed in range(200):
+        path, token, _ = dropmatch_walk(tree, target_logits, p_target, target_logits, lambda h: h,
+                                        SamplingParams(1.0), torch.Generator().manual_seed(seed), policy)
+        assert path == []
+        drawn.append(token)
+    assert set(drawn) == {0, 1, 2} and 60 <= drawn.count(0) <= 140
+
+
 # ============================================================== p = 0: greedy on trees
 
 
