@@ -20,8 +20,14 @@ rejection, minispec.acceptance.trees.sampling_walk): each sibling is tested agai
 target would still emit after the siblings before it were rejected, so the output is distributed
 exactly as sampling from the target, whatever the tree.
 
+Other policies walk the tree in their own way (decide_tree, minispec.acceptance.trees): typical
+acceptance moves to the first typical child; DropMatch judges each node with K dropout heads at
+its parent's row, OR-ed with the greedy or sampling base.
+
 Budget: a tree of N nodes costs one verify pass of N+1 rows (a chain of gamma costs gamma+1), so
-trees and chains compare at equal N+1.
+trees and chains compare at equal N+1. `generate(..., tree=TreeSpec(budget, branching, width))`
+and the CLI's --tree / --branching / --tree-width build the tree form of a chain drafter
+(make_tree_drafter) and run generate_tree with the run's gamma as the depth.
 """
 
 from __future__ import annotations
