@@ -181,17 +181,25 @@ class ModelTreeDrafter:
                 scores.append(score)
             if len(tokens) == budget or level + 1 == depth:
                 break
-            # feed this level's nodes at once: positions by depth, each sees the context and its ancestors
-            tree = DraftTree(tokens, parents, torch.stack(rows))
-            mask = tree_mask(tree, base - 1, self.model.device)[1 + first_new:, : base + len(tokens)]
-            positions = tree_positions(tree, base - 1, self.model.device)[1 + first_new:]
-            self.cache.truncate(base + first_new)  # the rows of the nodes fed so far stay
-            logits = self.model.head(self._hidden(tokens[first_new:], positions=positions, mask=mask))  # [m, V]
+            logits = self.feed_level(DraftTree(tokens, parents, torch.stack(rows)), first_new, base)  # [m, V]
             frontier = [(first_new + j, logits[j].float(), scores[first_new + j]) for j in range(len(logits))]
         self.cache.truncate(base)  # the context only: the tree's rows are the verify's business
         if not rows:
             return DraftTree([], [], torch.zeros(0, vocab_size))
         return DraftTree(tokens, parents, torch.stack(rows), torch.stack(logit_rows))  # [N, V] each
+
+
+    def feed_level(self, tree: DraftTree, first_new: int, base: int) -> torch.Tensor:
+        """Feed the level of nodes first_new.. of `tree` in ONE pass over the draft cache: their draft logits [m, V].
+
+        The context fills the cache up to `base` (the root, `last`, at position base - 1); the nodes
+        fed before this level stay in it. Positions by depth; each node sees the context and its
+        ancestors (tree_mask), never a sibling or a cousin.
+        """
+        mask = tree_mask(tree, base - 1, self.model.device)[1 + first_new:, : base + tree.num_nodes]
+        positions = tree_positions(tree, base - 1, self.model.device)[1 + first_new:]
+        self.cache.truncate(base + first_new)  # the rows of the nodes fed so far stay
+        return self.model.head(self._hidden(tree.tokens[first_new:], positions=positions, mask=mask))  # [m, V]
 
 
 def children(logits: torch.Tensor, k: int, params: SamplingParams,
@@ -290,20 +298,18 @@ def decide_tree(policy: AcceptancePolicy | None, tree: DraftTree, target_logits:
     exact -> greedy_walk (greedy at any T, as the chain rule), sampling -> sampling_walk,
     typical -> typical_walk, dropmatch -> dropmatch_walk.
     """
-    if policy is None:
-        policy = ExactMatch() if params.greedy else SpeculativeSampling()
-    if isinstance(policy, ExactMatch):
-        return (*greedy_walk(tree, target_logits), {})
-    p_target = logits_to_probs(target_logits.double(), params)  # [N+1, V]
-    if isinstance(policy, SpeculativeSampling):
-        return (*sampling_walk(tree, p_target, generator), {})
-    if isinstance(policy, TypicalAcceptance):
-        return (*typical_walk(tree, target_logits.double(), p_target, params, generator, policy.eps, policy.delta,
-                              policy.greedy_criterion_temperature), {})
-    if type(policy) is DropMatch:
-        return dropmatch_walk(tree, target_logits.double(), p_target, hidden, head, params, generator, policy)
     check_tree_policy(policy)
-    raise AssertionError("unreachable")  # check_tree_policy refused it
+    kind = type(policy) if policy is not None else ExactMatch if params.greedy else SpeculativeSampling
+    if kind is ExactMatch:
+        return (*greedy_walk(tree, target_logits), {})
+    target_logits = target_logits.double()  # [N+1, V]
+    p_target = logits_to_probs(target_logits, params)  # [N+1, V]
+    if kind is SpeculativeSampling:
+        return (*sampling_walk(tree, p_target, generator), {})
+    if kind is TypicalAcceptance:
+        return (*typical_walk(tree, target_logits, p_target, params, generator, policy.eps, policy.delta,
+                              policy.greedy_criterion_temperature), {})
+    return dropmatch_walk(tree, target_logits, p_target, hidden, head, params, generator, policy)
 
 
 TREE_POLICIES = (ExactMatch, SpeculativeSampling, TypicalAcceptance, DropMatch)

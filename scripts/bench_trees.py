@@ -157,7 +157,7 @@ class RerankTreeDrafter:
 
     def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
         from minispec.errors import MinispecError
-        from minispec.tree import DraftTree, tree_mask, tree_positions
+        from minispec.tree import DraftTree
         if params is not None and not params.greedy:
             raise MinispecError("RerankTreeDrafter: greedy only")
         base, model, cache = self.base, self.model, self.base.cache
@@ -179,11 +179,7 @@ class RerankTreeDrafter:
                     scores.append(score + math.log(max(prob, 1e-300)))
             if level + 1 == depth or level + 1 == 32:
                 break
-            tree = DraftTree(tokens, parents, torch.stack(rows))
-            mask = tree_mask(tree, start - 1, model.device)[1 + first_new:, : start + len(tokens)]
-            positions = tree_positions(tree, start - 1, model.device)[1 + first_new:]
-            cache.truncate(start + first_new)
-            logits = model.head(base._hidden(tokens[first_new:], positions=positions, mask=mask))  # [m, V]
+            logits = base.feed_level(DraftTree(tokens, parents, torch.stack(rows)), first_new, start)  # [m, V]
             frontier = [(first_new + j, logits[j].float(), scores[first_new + j]) for j in range(len(logits))]
         cache.truncate(start)
         # rerank: the `budget` best paths over all levels (ties: the earlier node, so a parent before its child)
@@ -210,7 +206,7 @@ class TopologyTreeDrafter(RerankTreeDrafter):
 
     def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
         from minispec.errors import MinispecError
-        from minispec.tree import DraftTree, tree_mask, tree_positions
+        from minispec.tree import DraftTree
         if params is not None and not params.greedy:
             raise MinispecError("TopologyTreeDrafter: greedy only")
         chosen = [t for t in self.topology[:budget] if len(t) <= depth]
@@ -236,11 +232,7 @@ class TopologyTreeDrafter(RerankTreeDrafter):
                         ranks.append(prefix + (r,))
             if len(tokens) == first_new or not any(len(t) > level for t in chosen):
                 break
-            tree = DraftTree(tokens, parents, torch.stack(rows))
-            mask = tree_mask(tree, start - 1, model.device)[1 + first_new:, : start + len(tokens)]
-            positions = tree_positions(tree, start - 1, model.device)[1 + first_new:]
-            cache.truncate(start + first_new)
-            logits = model.head(base._hidden(tokens[first_new:], positions=positions, mask=mask))  # [m, V]
+            logits = base.feed_level(DraftTree(tokens, parents, torch.stack(rows)), first_new, start)  # [m, V]
             frontier = {ranks[first_new + j]: (first_new + j, logits[j].float()) for j in range(len(logits))}
         cache.truncate(start)
         return DraftTree(tokens, parents, torch.stack(rows) if rows else torch.zeros(0, vocab_size))
@@ -325,7 +317,7 @@ def measure(args, ckpt) -> dict:
                    "tokens": len(out.tokens), "steps": s.get("verify_steps"),
                    "depths": s.get("accepted_depth_histogram", s.get("accepted_length_histogram"))}
             row["draft_ms"] = 1000 * s.get("draft_seconds", 0.0) / steps
-            row["verify_ms"] = 1000 * s.get("verify_seconds", s["total_seconds"] - s["prefill_seconds"]) / steps
+            row["verify_ms"] = 1000 * s["verify_seconds"] / steps if "verify_seconds" in s else None  # plain: none
             if name == "plain":
                 plain_tokens, plain_speed = out.tokens, s["tokens_per_second"]
                 plain_nll = mean_nll(model, prompt.ids, out.tokens)
