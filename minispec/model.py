@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from minispec.config import ModelConfig, RopeScaling
 from minispec.kv_cache import KVCache
+from minispec.ragged_cache import RaggedKVCache
 
 
 class RMSNorm(nn.Module):
@@ -67,20 +68,22 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of position * frequency for rotate-half RoPE: two [T, head_dim] tensors.
+    """cos and sin of position * frequency for rotate-half RoPE: two [..., T, head_dim] tensors.
 
-    Angles are computed in float64 from absolute positions, so position p gets the same
-    rotation whether it arrives in a prefill, a decode step or a verify chunk.
+    positions: [T] (one sequence, or a batch at equal offsets) or [B, T] (a ragged batch: each
+    row at its own positions). Angles are computed in float64 from absolute positions, so
+    position p gets the same rotation whether it arrives in a prefill, a decode step, a verify
+    chunk or a batch.
     """
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # [T, head_dim/2]
-    angles = torch.cat([angles, angles], dim=-1)  # [T, head_dim]: halves share frequencies
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # [..., T, head_dim/2]
+    angles = torch.cat([angles, angles], dim=-1)  # [..., T, head_dim]: halves share frequencies
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x[i], x[i + head_dim/2]) by their angle: x*cos + rotate_half(x)*sin.
 
-    x: [B, H, T, head_dim]; cos, sin: [T, head_dim]. This is the "rotate-half" (NeoX / HF)
+    x: [B, H, T, head_dim]; cos, sin: [T, head_dim], or [B, 1, T, head_dim] for a ragged batch. This is the "rotate-half" (NeoX / HF)
     pairing; llama.cpp's GGUF files store Llama q/k rows permuted for adjacent pairs instead,
     which the converter in minispec.weights undoes.
     """
@@ -114,8 +117,8 @@ class Attention(nn.Module):
         x: torch.Tensor,  # [B, T, d]
         cos: torch.Tensor,  # [T, head_dim]
         sin: torch.Tensor,  # [T, head_dim]
-        mask: torch.Tensor | None,  # [T, S] bool, True = may attend; None = all (single query)
-        cache: KVCache | None,
+        mask: torch.Tensor | None,  # [T, S] or [B, 1, T, S] bool, True = may attend; None = all (single query)
+        cache: KVCache | RaggedKVCache | None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, hd]
@@ -205,39 +208,46 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None, num_layers: int | None = None) -> KVCache:
-        """An empty KVCache for this model: the one way to build one.
+    def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None, num_layers: int | None = None,
+                  *, ragged: bool = False) -> KVCache | RaggedKVCache:
+        """An empty KVCache for this model (a RaggedKVCache with ragged=True): the one way to build one.
 
         max_seq_len defaults to max_position_embeddings; num_layers (an early-exit draft's N)
         defaults to every layer. K/V are stored in the activations' dtype, here the weights'.
         """
         c = self.config
-        return KVCache(
+        cls = RaggedKVCache if ragged else KVCache
+        return cls(
             num_layers or c.num_layers, batch_size, c.num_kv_heads, max_seq_len or c.max_position_embeddings,
             c.head_dim, dtype=self.dtype, device=self.device,
         )
 
     def forward_hidden(
-        self, input_ids: torch.Tensor, cache: KVCache | None = None, *, num_layers: int | None = None,
-        positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+        self, input_ids: torch.Tensor, cache: KVCache | RaggedKVCache | None = None, *,
+        num_layers: int | None = None, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states (after the final norm, i.e. the LM-head input): [B, T, d].
 
         input_ids: [B, T]. With a cache, the tokens go at positions [cache.length, cache.length+T)
-        and the cache advances by T. `num_layers` runs only the first N blocks (early exit);
-        the cache must then have at least N layers. A draft tree (minispec.tree) passes its own
-        RoPE `positions` [T] (by depth) and attention `mask` [T, start+T] (ancestors only); the
-        keys and values still go into the cache in row order.
+        and the cache advances by T; with a RaggedKVCache, row b's go at [lengths[b], lengths[b]+T)
+        under the cache's per-row mask (minispec.ragged_cache). `num_layers` runs only the first
+        N blocks (early exit); the cache must then have at least N layers. A draft tree
+        (minispec.tree) passes its own RoPE `positions` [T] (by depth) and attention `mask`
+        [T, start+T] (ancestors only); the keys and values still go into the cache in row order.
         """
         B, T = input_ids.shape
-        start = 0 if cache is None else cache.length
         if cache is not None:
             cache.check_room(T)
         x = self.embed_tokens(input_ids)  # [B, T, d]; its dtype is the activations' dtype
-        if positions is None:
+        if isinstance(cache, RaggedKVCache):  # every row at its own offset
+            positions, mask = cache.positions(T), cache.mask(T)  # [B, T], [B, 1, T, S]
+        elif positions is None:
+            start = 0 if cache is None else cache.length
             positions = torch.arange(start, start + T, device=input_ids.device)
             mask = causal_mask(start, T, input_ids.device)
         cos, sin = rope_cos_sin(positions, self._inv_freq.to(input_ids.device), x.dtype)
+        if cos.dim() == 3:  # per-row positions: [B, T, hd] -> [B, 1, T, hd], broadcast over heads
+            cos, sin = cos[:, None], sin[:, None]
         for block in self.layers[:num_layers]:
             x = block(x, cos, sin, mask, cache)
         if cache is not None:

@@ -37,6 +37,7 @@ from minispec.sampling import SamplingParams, logits_to_probs, next_token
 from minispec.stats import PhaseTimer, StepStats, timing_stats
 
 if TYPE_CHECKING:
+    from minispec.batch import BatchResult
     from minispec.tree_speculative import TreeSpec
 
 # Called with each batch of newly emitted tokens, as soon as they are known (for streaming):
@@ -92,8 +93,12 @@ def generate(
     on_step: Callable[[StepRecord], None] | None = None,
     stop_when: StopCondition | None = None,
     tree: TreeSpec | int | None = None,
-) -> GenerationResult:
+) -> GenerationResult | BatchResult:
     """Generate up to `max_new_tokens` tokens after `prompt_ids` (a list of ints, batch size 1).
+
+    Several prompts (a list of lists of ints, or a 2-D tensor) are decoded together by
+    minispec.batch.generate_batch, which returns a BatchResult (one GenerationResult per prompt)
+    and calls on_tokens(prompt_index, tokens, num_accepted, num_proposed).
 
     draft: None = plain decoding; a Transformer (a separate draft model with the same
       vocabulary); a Drafter; or a spec string ("ngram", "early-exit:N", "self:bf16", a path).
@@ -112,6 +117,16 @@ def generate(
     policy's coins) and a policy's own (DropMatch's masks, through policy.reset(seed)): same seed,
     same tokens.
     """
+    from minispec.batch import generate_batch, is_batch  # here: minispec.batch builds on this module
+
+    if is_batch(prompt_ids):  # several prompts: minispec.batch
+        if tree is not None or on_step is not None:
+            raise MinispecError(f"{'tree' if tree is not None else 'on_step'}: not available with several prompts; "
+                                f"expected one prompt (a list of token ids), or tree=None and on_step=None")
+        return generate_batch(target, prompt_ids, max_new_tokens=max_new_tokens, draft=draft, policy=policy,
+                              gamma=gamma, draft_length=draft_length, temperature=temperature, top_k=top_k,
+                              top_p=top_p, seed=seed, eos_token_ids=eos_token_ids, on_tokens=on_tokens,
+                              stop_when=stop_when)
     params = SamplingParams(temperature, top_k, top_p)
     generator = torch.Generator(device="cpu").manual_seed(_check_seed(seed))
     prompt = _check_prompt(target, prompt_ids, max_new_tokens)
@@ -245,20 +260,7 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
 
         # 3. Decide: how many drafts to keep, and the token that follows them.
         with timer("policy"):
-            target_logits = target_logits.float() if target_logits.dtype in _LOW_PRECISION else target_logits
-            p_target = logits_to_probs(target_logits, params)  # [g+1, V]
-            inp = VerifyInput(
-                draft_tokens=torch.tensor(draft.tokens, dtype=torch.long, device=p_target.device),
-                q_draft=draft.q_draft.to(p_target.device, p_target.dtype),  # an n-gram's one-hot rows live on the CPU
-                target_logits=target_logits,
-                p_target=p_target,
-                params=params,
-                generator=generator,
-                draft_logits=None if draft.logits is None else draft.logits.to(target_logits.device, target_logits.dtype),
-                hidden=hidden,
-                head=target.head,
-                extra_logits=extra_logits,
-            )
+            inp = verify_input(draft, target_logits, hidden, extra_logits, target.head, params, generator)
             decision = policy(inp)
         n = decision.num_accepted
         emitted = draft.tokens[:n] + [decision.next_token]  # accepted prefix + correction/bonus
@@ -269,22 +271,9 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         cache.truncate(len(seq) + n)
         drafter.rollback(len(seq) + n)
 
-        # Commit one token at a time: stop at the first eos, stop condition or max_new_tokens, even in
-        # the middle of an accepted run.
-        num_before = len(tokens)
-        for token in emitted:
-            tokens.append(token)
-            reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
-            if reason is not None:
-                break
-        emitted = tokens[num_before:]
-        # 5. Stats count what was committed: a step cut short by an eos or stop inside its accepted
-        # run counts as a draft of the committed length, all accepted (what came after the end
-        # was never emitted, so it was neither accepted nor rejected).
-        if len(emitted) <= n:
-            steps.record(len(emitted), len(emitted), decision.info, num_emitted=len(emitted))
-        else:
-            steps.record(g, n, decision.info)
+        # 5. Commit (one token at a time, up to the first end) and count what was committed.
+        emitted, reason = commit(tokens, emitted, eos, max_new_tokens, stop_when)
+        record_step(steps, g, n, len(emitted), decision.info)
         if on_tokens is not None:
             on_tokens(emitted, min(n, len(emitted)), g)
         if on_step is not None:
@@ -306,6 +295,51 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         finish_reason=reason,
     )
     return GenerationResult(tokens=tokens, stats=stats)
+
+
+def verify_input(draft: Draft, target_logits: torch.Tensor, hidden: torch.Tensor, extra_logits: torch.Tensor | None,
+                 head: Callable[[torch.Tensor], torch.Tensor], params: SamplingParams,
+                 generator: torch.Generator) -> VerifyInput:
+    """What a policy sees after a verify pass of g+1 rows: target_logits [g+1, V] (low precision
+    upcast to float32), p_target = post-processed target_logits, and the draft on the same device."""
+    target_logits = target_logits.float() if target_logits.dtype in _LOW_PRECISION else target_logits
+    p_target = logits_to_probs(target_logits, params)  # [g+1, V]
+    return VerifyInput(
+        draft_tokens=torch.tensor(draft.tokens, dtype=torch.long, device=p_target.device),
+        q_draft=draft.q_draft.to(p_target.device, p_target.dtype),  # an n-gram's one-hot rows live on the CPU
+        target_logits=target_logits,
+        p_target=p_target,
+        params=params,
+        generator=generator,
+        draft_logits=None if draft.logits is None else draft.logits.to(target_logits.device, target_logits.dtype),
+        hidden=hidden,
+        head=head,
+        extra_logits=extra_logits,
+    )
+
+
+def commit(tokens: list[int], emitted: list[int], eos: set[int], max_new_tokens: int,
+           stop_when: StopCondition | None) -> tuple[list[int], str | None]:
+    """Append a step's tokens one at a time, stopping at the first eos, stop condition or
+    max_new_tokens, even in the middle of an accepted run. Returns (what was committed, the
+    finish reason or None)."""
+    num_before, reason = len(tokens), None
+    for token in emitted:
+        tokens.append(token)
+        reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
+        if reason is not None:
+            break
+    return tokens[num_before:], reason
+
+
+def record_step(steps: StepStats, num_drafted: int, num_accepted: int, num_committed: int, info: dict) -> None:
+    """Count a step by what it committed: a step cut short by an eos or stop inside its accepted
+    run counts as a draft of the committed length, all accepted (what came after the end was
+    never emitted, so it was neither accepted nor rejected)."""
+    if num_committed <= num_accepted:
+        steps.record(num_committed, num_committed, info, num_emitted=num_committed)
+    else:
+        steps.record(num_drafted, num_accepted, info)
 
 
 def score(head: Callable[[torch.Tensor], torch.Tensor], policy: AcceptancePolicy,

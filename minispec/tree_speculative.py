@@ -45,7 +45,7 @@ from minispec.errors import MinispecError
 from minispec.model import Transformer
 from minispec.sampling import SamplingParams, logits_to_probs, next_token, sample_token
 from minispec.speculative import (GenerationResult, StopCondition, TokenCallback, _check_eos, _check_prompt,
-                                  _check_seed, finish_reason, prefill)
+                                  _check_seed, commit, finish_reason, prefill, record_step)
 from minispec.stats import PhaseTimer, StepStats, timing_stats
 from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
 
@@ -399,19 +399,11 @@ def generate_tree(
             path, following, info = decide_tree(policy, tree, target_logits, hidden, target.head, params, generator)
         keep_path(cache, start, path)
 
-        num_before = len(tokens)
-        for token in [tree.tokens[node] for node in path] + [following]:
-            tokens.append(token)
-            reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
-            if reason is not None:
-                break
-        emitted = tokens[num_before:]
-        # 5. Stats, over what was committed (as the chain loop counts it).
+        # 5. Commit and count, as the chain loop does (a step's g is the tree's depth, n the path's length).
+        emitted, reason = commit(tokens, [tree.tokens[node] for node in path] + [following], eos, max_new_tokens,
+                                 stop_when)
         tree_depth = max(tree.depths, default=0)  # the most this step could accept
-        if len(emitted) <= len(path):  # cut inside the accepted path: a draft of that length, all accepted
-            steps.record(len(emitted), len(emitted), info, num_emitted=len(emitted))
-        else:
-            steps.record(tree_depth, len(path), info)
+        record_step(steps, tree_depth, len(path), len(emitted), info)
         nodes_verified += tree.num_nodes
         depth_histogram[min(len(path), len(emitted))] += 1
         if on_tokens is not None:

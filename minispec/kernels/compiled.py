@@ -16,7 +16,7 @@ What is compiled: `forward_hidden` for decoding steps only, i.e. T <= MAX_COMPIL
 tokens appended to a non-empty cache through all layers (plain decoding T = 1, a verify pass
 T = gamma + 1), and the LM head for up to MAX_COMPILED_ROWS rows. The prefill (many rows:
 compute-bound, where a GEMM on the dense weights does as well), early exit (num_layers), draft
-trees' passes (their own positions and mask) and everything else run the same modules
+trees' passes (their own positions and mask), ragged batches (RaggedKVCache) and everything else run the same modules
 eagerly. The math is the fast kind's (float32 activations around float32 or bfloat16 weights),
 up to summation order.
 
@@ -92,10 +92,10 @@ class CompiledTransformer(packed.FastTransformer):
     def forward_hidden(self, input_ids: torch.Tensor, cache: KVCache | None = None, *,
                        num_layers: int | None = None, positions: torch.Tensor | None = None,
                        mask: torch.Tensor | None = None) -> torch.Tensor:
-        if cache is not None and cache.length > 0 and num_layers is None and positions is None \
+        if isinstance(cache, KVCache) and cache.length > 0 and num_layers is None and positions is None \
                 and input_ids.shape[1] <= MAX_COMPILED_ROWS:
             return self.compiled_hidden(input_ids, cache)
-        # prefill, early exit and draft trees (their own positions and mask) run eagerly
+        # prefill, early exit, draft trees (their own positions and mask) and ragged batches run eagerly
         return super().forward_hidden(input_ids, cache, num_layers=num_layers, positions=positions, mask=mask)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from minispec.errors import MinispecError
 from minispec.kv_cache import KVCache
 from minispec.model import Block, RMSNorm, Transformer, apply_rope
+from minispec.ragged_cache import RaggedKVCache
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -92,7 +93,7 @@ def is_plain_causal(mask: torch.Tensor | None) -> bool:
     ancestors-only rows (minispec.tree.tree_mask). The check reads T*T booleans, once per layer,
     next to attention's own T*T*d work.
     """
-    if mask is None or mask.shape[0] != mask.shape[1]:
+    if mask is None or mask.dim() != 2 or mask.shape[0] != mask.shape[1]:  # a ragged batch's is [B, 1, T, S]
         return False
     return torch.equal(mask, torch.ones_like(mask).tril_())
 
@@ -215,10 +216,11 @@ class FastTransformer(Transformer):
         """The dtype the weights were loaded in (the packed tensors themselves are opaque)."""
         return self.weights_dtype
 
-    def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None, num_layers: int | None = None) -> KVCache:
+    def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None, num_layers: int | None = None,
+                  *, ragged: bool = False) -> KVCache | RaggedKVCache:
         """As Transformer.new_cache, with K/V in float32: attention runs in float32 here."""
         c = self.config
-        return KVCache(
+        return (RaggedKVCache if ragged else KVCache)(
             num_layers or c.num_layers, batch_size, c.num_kv_heads, max_seq_len or c.max_position_embeddings,
             c.head_dim, dtype=torch.float32, device=self.device,
         )
