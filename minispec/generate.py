@@ -11,6 +11,11 @@ use (minispec.weights.default_checkpoint_dir). User mistakes end in one line on 
 status 2 (docs/bad_inputs.md lists them). Ctrl-C keeps the text generated so far (with --json: the
 object, finish_reason "interrupted") and ends in one line and exit status 130; a closed stdout
 (`| head`) ends quietly (minispec.cli.run_main).
+
+With --batch-size N, --prompt-file holds one prompt per line; they run through
+minispec.batch.generate_batch N at a time, prompt i seeded with --seed + i, and each prompt's
+text is printed under a header once it and every prompt before it are done (with --json: one
+object with a result per prompt and the pooled stats).
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
 DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
 TREE_FLAGS = ("branching", "tree_width")
 SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree") + DROPMATCH_FLAGS + TREE_FLAGS
+NOT_BATCHED = {  # flags that cannot apply to several prompts at once, and why
+    "tree": "draft trees are not batched", "branching": "draft trees are not batched",
+    "tree_width": "draft trees are not batched", "trace": "prints the steps of one prompt",
+    "show": "colours one streamed text, and a batch prints each text whole",
+    "color": "colours one streamed text, and a batch prints each text whole",
+}
 
 EQUIVALENTS = """\
 the same settings in vLLM (speculative_config) / llama.cpp / transformers (generate):
@@ -53,6 +64,9 @@ the same settings in vLLM (speculative_config) / llama.cpp / transformers (gener
   --max-new-tokens N        max_tokens=N / -n N / max_new_tokens=N
   --stop S                  stop=[S] / "stop" (server) / stop_strings=[S]
   --temperature, --top-k, --top-p, --seed: the same in all three
+  --batch-size N            max_num_seqs=N / -np N (llama-server) / pipeline(..., batch_size=N)
+                            (vLLM and llama-server refill a finished row's place at once;
+                            minispec runs the prompts in consecutive groups of N)
   --tree N --branching K    SGLang's EAGLE trees: --speculative-num-draft-tokens N
                             --speculative-eagle-topk K --speculative-num-steps gamma
 --stats: "mean accepted length" = vLLM's mean acceptance length and llama.cpp's accepted
@@ -96,6 +110,7 @@ class GenerateArgs:
     show: bool
     color: str
     trace: bool
+    batch_size: int | None = None  # None: one prompt; N: --prompt-file's lines, N at a time
     given: frozenset[str] = frozenset()  # the flags given on the command line (their dest names)
 
 
@@ -113,7 +128,9 @@ def build_parser() -> Parser:
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) of --ckpt")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", default="What is the capital of France?", help="the prompt text")
-    source.add_argument("--prompt-file", type=Path, default=None, help="read the prompt from this file ('-': stdin)")
+    source.add_argument("--prompt-file", type=Path, default=None,
+                        help="read the prompt from this file ('-': stdin); the whole file is one prompt, or with "
+                             "--batch-size one prompt per line")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
                       help="wrap the prompt in the checkpoint's chat template (the default when it has one)")
@@ -176,6 +193,12 @@ def build_parser() -> Parser:
     t.add_argument("--tree-width", type=ranged(int, "--tree-width", lo=1), default=None, metavar="W",
                    help="model-draft trees: expand only the W most probable paths per level (EAGLE-2's dynamic "
                         "tree); default: every node (static)")
+    b = p.add_argument_group("several prompts")
+    b.add_argument("--batch-size", type=ranged(int, "--batch-size", lo=1), default=None, metavar="N",
+                   help="run the prompts of --prompt-file, one per line (blank lines skipped), N at a time in one "
+                        "batch (minispec.batch); prompt i (from 0) uses seed --seed + i, so its text is what it gives "
+                        "alone with that seed; each text is printed under a '=== prompt i/n (finish reason) ===' "
+                        "line (default: the file is one prompt)")
     o = p.add_argument_group("output")
     o.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
     o.add_argument("--show", action="store_true",
@@ -265,8 +288,16 @@ def check_flags(args: GenerateArgs) -> None:
         if dest == "draft_length" and args.tree is not None and args.draft_length != "fixed":
             raise MinispecError("--draft-length heuristic: chain drafts only (a tree's depth is --gamma); "
                                 "expected it without --tree")
+        if dest == "batch_size" and args.prompt_file is None:
+            raise MinispecError("--batch-size: runs the prompts of a file, one per line; expected --prompt-file FILE "
+                                "(or - for stdin) with it")
+        if args.batch_size is not None and dest in NOT_BATCHED:
+            raise MinispecError(f"{flag(dest)}: {NOT_BATCHED[dest]}; expected one of --batch-size and {flag(dest)}")
     if "agreement" in args.given and args.dropout_p != "auto":
         raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
+    if args.batch_size is not None and args.dropout_p == "auto" and args.policy in DROPMATCH_POLICIES:
+        raise MinispecError("--dropout-p auto: calibrates p on one prompt; expected a number for --dropout-p with "
+                            "--batch-size")
     from minispec.tokenizer import check_text
 
     for text, flag_name in [(args.prompt, "--prompt"), (args.system, "--system"), *((s, "--stop") for s in args.stop)]:
@@ -295,62 +326,43 @@ class _Progress:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         return text if self.stop is None else self.stop.cut(text)
 
+    def interrupted(self, as_json: bool) -> None:
+        """Ctrl-C: print the --json object so far (finish_reason "interrupted"), or end the streamed text."""
+        if as_json:
+            print(json.dumps({"text": self.text(), "tokens": self.tokens,
+                              "prompt_tokens": None if self.prompt_ids is None else len(self.prompt_ids),
+                              "finish_reason": "interrupted", "stats": None}))
+        elif self.printer is not None:
+            self.printer.finish()
+
 
 def run(args: GenerateArgs) -> dict:
     """Load, generate, return the --json object. On Ctrl-C: end the streamed text (or print the
     --json object so far, finish_reason "interrupted") and let the KeyboardInterrupt go on to
     run_main, which says so in one line and exits 130."""
-    progress = _Progress()
+    progress = _Progress() if args.batch_size is None else _BatchProgress()
     try:
         return _run(args, progress)
     except KeyboardInterrupt:
-        if args.json:
-            print(json.dumps({"text": progress.text(), "tokens": progress.tokens,
-                              "prompt_tokens": None if progress.prompt_ids is None else len(progress.prompt_ids),
-                              "finish_reason": "interrupted", "stats": None}))
-        elif progress.printer is not None:
-            progress.printer.finish()
+        progress.interrupted(args.json)
         raise
 
 
-def _run(args: GenerateArgs, progress: _Progress) -> dict:
-    import torch
-
-    from minispec import kernels
-    from minispec.checkpoint import load_model
-    from minispec.hub import resolve_checkpoint
+def _run(args: GenerateArgs, progress: _Progress | _BatchProgress) -> dict:
     from minispec.speculative import generate
-    from minispec.tokenizer import load_tokenizer
 
     check_flags(args)
-    device = _device(args.device)
-    if args.ckpt is None:
-        if args.revision is not None:
-            raise MinispecError("--revision: a hub revision of --ckpt; expected a --ckpt repo id with it")
-        from minispec.weights import ensure_default_checkpoint
-
-        ckpt = ensure_default_checkpoint()
-    else:
-        ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
-
-    model = load_model(ckpt, dtype=getattr(torch, DTYPES[args.dtype]), device=device)
-    tokenizer = progress.tokenizer = load_tokenizer(ckpt)
-    drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
+    model, tokenizer, drafter, ckpt = _load(args)
+    progress.tokenizer = tokenizer
+    if args.batch_size is not None:
+        return _run_batch(args, progress, model, tokenizer, drafter, ckpt)
     prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
     p = args.dropout_p
     if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
         from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
 
         p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, eos_token_ids=tokenizer.eos_token_ids)
-    kind = args.kernels
-    if kind == "auto":  # fast where the packed weights apply (float32/bfloat16 on the CPU), else model.py as written
-        kind = "fast" if device.type == "cpu" and model.dtype in kernels.packed.SUPPORTED_DTYPES else "reference"
-    kernels.apply(model, kind, checkpoint=ckpt)
-    kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
-    if kind == "compiled":
-        if not args.json:
-            print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
-        kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
+    _apply_kernels(args, model, drafter, ckpt)
     policy = _policy(args, p)
     tree = None
     if args.tree is not None:  # the chain drafter's tree form, on the model the kernels rewrote
@@ -385,6 +397,157 @@ def _run(args: GenerateArgs, progress: _Progress) -> dict:
         result.stats["dropout_p"] = p
     return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids),
             "finish_reason": result.finish_reason, "stats": result.stats}
+
+
+def _load(args: GenerateArgs):
+    """The target model, its tokenizer, the drafter (None: plain decoding) and the checkpoint folder."""
+    import torch
+
+    from minispec.checkpoint import load_model
+    from minispec.hub import resolve_checkpoint
+    from minispec.tokenizer import load_tokenizer
+
+    device = _device(args.device)
+    if args.ckpt is None:
+        if args.revision is not None:
+            raise MinispecError("--revision: a hub revision of --ckpt; expected a --ckpt repo id with it")
+        from minispec.weights import ensure_default_checkpoint
+
+        ckpt = ensure_default_checkpoint()
+    else:
+        ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
+
+    model = load_model(ckpt, dtype=getattr(torch, DTYPES[args.dtype]), device=device)
+    tokenizer = load_tokenizer(ckpt)
+    drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
+    return model, tokenizer, drafter, ckpt
+
+
+def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> None:
+    """--kernels: rewrite the loaded model (and a draft model) in place."""
+    from minispec import kernels
+
+    kind = args.kernels
+    if kind == "auto":  # fast where the packed weights apply (float32/bfloat16 on the CPU), else model.py as written
+        kind = "fast" if model.device.type == "cpu" and model.dtype in kernels.packed.SUPPORTED_DTYPES else "reference"
+    kernels.apply(model, kind, checkpoint=ckpt)
+    kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
+    if kind == "compiled":
+        if not args.json:
+            print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
+        kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
+
+
+# ---------------------------------------------------------------- several prompts (--batch-size)
+
+
+@dataclass
+class _BatchProgress:
+    """How far a batch got. Prints prompt i's text, under its header, once prompt i and every
+    prompt before it have finished (a header names the finish reason, so a text is printed whole);
+    what an interrupted batch reports."""
+
+    tokenizer: object = None
+    prompts: list[list[int]] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # per prompt, emitted so far
+    reasons: list[str | None] = field(default_factory=list)  # per prompt, once finished
+    printed: int = 0  # prompts printed so far (text mode)
+    stop: StopStrings | None = None
+    eos: set[int] = field(default_factory=set)
+    max_new_tokens: int = 0
+    print_text: bool = True
+
+    def start(self, prompts: list[list[int]]) -> None:
+        self.prompts, self.tokens, self.reasons = prompts, [[] for _ in prompts], [None] * len(prompts)
+
+    def on_tokens(self, index: int, tokens: list[int], num_accepted: int, num_proposed: int) -> None:
+        from minispec.speculative import finish_reason
+
+        self.tokens[index].extend(tokens)
+        # the loop's own test, on the same tokens: this prompt ended with its last token
+        self.reasons[index] = finish_reason(self.tokens[index], self.eos, self.max_new_tokens, self.stop)
+        while self.print_text and self.printed < len(self.prompts) and self.reasons[self.printed] is not None:
+            self._print(self.printed)
+
+    def finish(self, reasons: list[str]) -> None:
+        """The batch is done: print what is left (with the loop's finish reasons)."""
+        self.reasons = list(reasons)
+        while self.print_text and self.printed < len(self.prompts):
+            self._print(self.printed)
+
+    def _print(self, index: int) -> None:
+        print(f"=== prompt {index + 1}/{len(self.prompts)} ({self.reasons[index]}) ===")
+        print(self.text(index), flush=True)
+        self.printed += 1
+
+    def text(self, index: int) -> str:
+        text = self.tokenizer.decode(self.tokens[index], skip_special_tokens=True) if self.tokens[index] else ""
+        return text if self.stop is None else self.stop.cut(text)
+
+    def interrupted(self, as_json: bool) -> None:
+        """Ctrl-C: the printed texts stay; --json prints the object so far, "interrupted" where unfinished."""
+        if as_json:
+            results = [{"text": self.text(i), "tokens": self.tokens[i], "prompt_tokens": len(prompt),
+                        "finish_reason": self.reasons[i] or "interrupted", "stats": None}
+                       for i, prompt in enumerate(self.prompts)]
+            print(json.dumps({"results": results, "stats": None}))
+
+
+def _run_batch(args: GenerateArgs, progress: _BatchProgress, model, tokenizer, drafter, ckpt: Path) -> dict:
+    """--batch-size N: every line of --prompt-file a prompt, N decoded together (minispec.batch)."""
+    from minispec.batch import generate_batch
+
+    lines = _prompt_lines(args)
+    prompts = [_encode(args, tokenizer, text) for _, text in lines]
+    seeds = [args.seed + i for i in range(len(prompts))]  # prompt i: what it gives alone with --seed + i
+    if seeds[-1] >= 2**64:
+        raise MinispecError(f"--seed {args.seed}: prompt i uses --seed + i, which passes 2**64 - 1 at prompt "
+                            f"{len(prompts) - 1}; expected --seed <= {2**64 - len(prompts)} for {len(prompts)} prompts")
+    progress.start(prompts)
+    _apply_kernels(args, model, drafter, ckpt)
+    p = args.dropout_p  # a number: auto is refused with --batch-size
+    policy = _policy(args, p)
+    stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
+    progress.eos, progress.max_new_tokens = set(tokenizer.eos_token_ids), args.max_new_tokens
+    progress.print_text = not args.json
+    speculative = {} if drafter is None else {"draft_length": args.draft_length}
+    try:
+        batch = generate_batch(
+            model, prompts, max_new_tokens=args.max_new_tokens, draft=drafter, policy=policy, gamma=args.gamma,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seeds,
+            eos_token_ids=tokenizer.eos_token_ids, on_tokens=progress.on_tokens, stop_when=stop,
+            batch_size=args.batch_size, **speculative,
+        )
+    except MinispecError as err:  # "prompts[i]: ..." (too long for the context): name the file's line
+        index, sep, reason = str(err).partition("]: ")
+        if not (sep and index.startswith("prompts[") and index[8:].isdigit()):
+            raise
+        raise type(err)(f"--prompt-file {args.prompt_file} line {lines[int(index[8:])][0]}: {reason}") from None
+    progress.finish([result.finish_reason for result in batch])
+    stats = dict(batch.stats)
+    if drafter is not None:
+        stats.update(policy=policy.name, gamma=args.gamma)
+    results = []
+    for i, result in enumerate(batch):
+        if args.policy in DROPMATCH_POLICIES:
+            result.stats["dropout_p"] = p
+        text = tokenizer.decode(result.tokens, skip_special_tokens=True)
+        results.append({"text": text if stop is None else stop.cut(text), "tokens": result.tokens,
+                        "prompt_tokens": len(prompts[i]), "finish_reason": result.finish_reason,
+                        "stats": result.stats})
+    if args.policy in DROPMATCH_POLICIES:
+        stats["dropout_p"] = p
+    return {"results": results, "stats": stats}
+
+
+def _prompt_lines(args: GenerateArgs) -> list[tuple[int, str]]:
+    """--prompt-file with --batch-size: (line number from 1, text) of every line that is not blank."""
+    lines = [(number, line) for number, line in enumerate(_read_prompt_file(args).splitlines(), start=1)
+             if line.strip()]
+    if not lines:
+        raise MinispecError(f"--prompt-file {args.prompt_file}: no prompts (every line is blank); expected one "
+                            "prompt per line with --batch-size")
+    return lines
 
 
 def _device(name: str) -> torch.device:
@@ -422,19 +585,25 @@ def _drafter(args: GenerateArgs, model, tokenizer):
 
 
 def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
-    """The prompt's token ids: the text from --prompt, --prompt-file or stdin, as UTF-8, in the chat
-    template unless --raw (or the checkpoint has none). --system "" is an empty system message."""
-    if args.prompt_file is None:
-        prompt = args.prompt  # checked with the flags
-    elif str(args.prompt_file) == "-":
-        prompt = _read_stdin()
-    else:
-        try:
-            prompt = args.prompt_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            reason = getattr(error, "strerror", None) or str(error)
-            raise MinispecError(f"--prompt-file {args.prompt_file}: cannot be read ({reason}); "
-                                "expected a UTF-8 text file") from None
+    """The prompt's token ids: the text from --prompt, --prompt-file or stdin (as UTF-8), encoded by _encode."""
+    return _encode(args, tokenizer, args.prompt if args.prompt_file is None else _read_prompt_file(args))
+
+
+def _read_prompt_file(args: GenerateArgs) -> str:
+    """--prompt-file's text, as UTF-8 ('-': stdin)."""
+    if str(args.prompt_file) == "-":
+        return _read_stdin()
+    try:
+        return args.prompt_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise MinispecError(f"--prompt-file {args.prompt_file}: cannot be read ({reason}); "
+                            "expected a UTF-8 text file") from None
+
+
+def _encode(args: GenerateArgs, tokenizer, prompt: str) -> list[int]:
+    """A prompt's token ids: in the chat template unless --raw (or the checkpoint has none).
+    --system "" is an empty system message."""
     chat = bool(tokenizer.chat_template) if args.chat is None else args.chat
     if not chat:
         if args.system is not None:
@@ -576,17 +745,24 @@ def _report(args: GenerateArgs, out: dict) -> int:
         print(json.dumps(out))
         return 0
     s = out["stats"]
-    print(f"[{s['num_generated_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s, "
-          f"prefill {s['num_prompt_tokens']} tokens at {s['prefill_tokens_per_second']:.0f} tok/s]", file=sys.stderr)
+    if args.batch_size is not None:
+        print(f"[{s['num_prompts']} prompts, {s['num_generated_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s "
+              f"aggregate, prefill {s['num_prompt_tokens']} tokens in {s['prefill_seconds']:.2f}s]", file=sys.stderr)
+    else:
+        print(f"[{s['num_generated_tokens']} tokens, {s['tokens_per_second']:.1f} tok/s, "
+              f"prefill {s['num_prompt_tokens']} tokens at {s['prefill_tokens_per_second']:.0f} tok/s]", file=sys.stderr)
     if args.stats:
         print(format_stats(s), file=sys.stderr)
     return 0
 
 
 def format_stats(s: dict) -> str:
-    """A few readable lines of the loop's statistics."""
+    """A few readable lines of the loop's statistics (a batch's: pooled over its prompts, plus a line of its own)."""
+    batch = "" if "num_prompts" not in s else (
+        f"\nbatch: {s['num_prompts']} prompts, batch size {s['batch_size']}, aggregate {s['tokens_per_second']:.1f} "
+        f"tok/s, {s['mean_rows_per_pass']:.2f} rows per batched pass (mean)")
     if "verify_steps" not in s:
-        return f"plain decoding: {s['target_forwards']} target forwards"
+        return f"plain decoding: {s['target_forwards']} target forwards" + batch
     per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position_acceptance"])
     lines = [
         f"drafter {s['drafter']}, policy {s['policy']}, gamma {s['gamma']}",
@@ -608,7 +784,7 @@ def format_stats(s: dict) -> str:
                  f"dropout paths computed at {info.get('path_positions', 0) / s['verify_steps']:.2f} positions per step")
         lines.append(f"dropmatch p {s['dropout_p']:.4g}: {agree}; {info['accepted_by_dropmatch_only']} tokens accepted "
                      "only thanks to DropMatch")
-    return "\n".join(lines)
+    return "\n".join(lines) + batch
 
 
 if __name__ == "__main__":

@@ -56,6 +56,27 @@ def test_fast_tree_passes_equal_the_reference_at_any_cache_length(cfg, seed, sta
 
 
 @settings(max_examples=15, deadline=None)
+@given(cfg=model_configs(), seed=seeds, lengths=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+       new=st.integers(1, 4))
+def test_fast_ragged_batch_passes_equal_the_reference(cfg, seed, lengths, new):
+    """A ragged batch (rows at their own lengths, per-row positions and [B, 1, T, S] mask) on the
+    fast kernels: each row's logits are the reference's for that row alone."""
+    reference = random_model(cfg, seed, dtype=torch.float32)
+    fast = kernels.apply(copy.deepcopy(reference), "fast")
+    gen = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(0, cfg.vocab_size, (n + new,), generator=gen).tolist() for n in lengths]
+    with torch.no_grad():
+        cache = fast.new_cache(len(rows), max(lengths) + new + 1, ragged=True)
+        longest = max(lengths)
+        fast(torch.tensor([r[:n] + [0] * (longest - n) for r, n in zip(rows, lengths)]), cache)  # padded prefill
+        cache.truncate(lengths)
+        got = fast(torch.tensor([r[n:] for r, n in zip(rows, lengths)]), cache)  # [B, new, V]
+        for b, row in enumerate(rows):
+            want = reference(torch.tensor([row]))[0, -new:]
+            assert (got[b] - want).abs().max().item() <= _tolerance(want)
+
+
+@settings(max_examples=15, deadline=None)
 @given(cfg=model_configs(), seed=seeds)
 def test_fast_equals_reference_float32(cfg, seed):
     reference = random_model(cfg, seed, dtype=torch.float32)

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from minispec import kernels
+from minispec.batch import generate_batch
 from minispec.drafters import make_drafter
 from minispec.speculative import generate
 from minispec.tree_speculative import TreeSpec
@@ -107,3 +108,15 @@ def _check_speculative_equals_plain(real_model, real_tokenizer, draft, tree=None
         spec = generate(real_model, prompt, max_new_tokens=40, draft=draft, policy="exact", gamma=5, tree=tree)
         assert_equal_up_to_near_tie(real_model, prompt, spec.tokens, plain.tokens)
         assert spec.stats["tau"] > 1.0  # the drafter did get tokens accepted
+
+
+@pytest.mark.parametrize("draft", [None, "ngram", "early-exit:24"])
+def test_batched_greedy_equals_each_prompt_alone_on_the_fast_path(real_model, real_tokenizer, draft):
+    """Both prompts (different lengths) in one batch on the fast kernels: each row is plain greedy
+    on its prompt alone, up to near-ties (the batched matmuls sum in another order)."""
+    target = kernels.apply(copy.deepcopy(real_model), "fast")
+    prompts = [real_tokenizer.apply_chat_template([{"role": "user", "content": text}]) for text in PROMPTS]
+    batch = generate_batch(target, prompts, max_new_tokens=40, draft=draft, gamma=5)
+    for prompt, row in zip(prompts, batch):
+        plain = generate(target, prompt, max_new_tokens=40)
+        assert_equal_up_to_near_tie(target, prompt, row.tokens, plain.tokens)

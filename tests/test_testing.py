@@ -7,8 +7,9 @@ import torch
 from minispec.acceptance import AcceptancePolicy, Decision, ExactMatch, SpeculativeSampling, TypicalAcceptance
 from minispec.acceptance.base import first_rejection
 from minispec.kv_cache import KVCache
+from minispec.ragged_cache import RaggedKVCache
 from minispec.sampling import sample_token
-from minispec.testing import CheckFailed, check_cache, check_policy
+from minispec.testing import CheckFailed, check_cache, check_policy, check_ragged_cache
 
 
 # ------------------------------------------------------------------------------ our own code
@@ -93,3 +94,30 @@ def test_a_broken_cache_is_reported():
     with pytest.raises(CheckFailed) as err:
         check_cache(OffByOneCache)
     assert str(err.value).startswith("check_cache(OffByOneCache): cache validity under appends and rollbacks:")
+
+
+def test_check_ragged_cache_passes_the_ragged_cache():
+    check_ragged_cache(RaggedKVCache, progress=False)
+
+
+class FirstRowRollbackCache(RaggedKVCache):
+    """Rolls every row back to the first row's length (capped at its own): one rollback for all."""
+
+    def truncate(self, lengths):
+        super().truncate([min(lengths[0], n) for n in self.lengths] if len(lengths) else lengths)
+
+
+class SharedMaskCache(RaggedKVCache):
+    """Masks by the longest row only: a shorter row sees its own pads and stale drafts."""
+
+    def mask(self, num_new):
+        span = max(self.lengths, default=0) + num_new
+        causal = torch.arange(span)[None, :] <= (span - num_new + torch.arange(num_new))[:, None]  # [T, S]
+        return causal.expand(self.batch_size, 1, num_new, span)
+
+
+@pytest.mark.parametrize("broken", [FirstRowRollbackCache, SharedMaskCache])
+def test_a_broken_ragged_cache_is_reported(broken):
+    with pytest.raises(CheckFailed) as err:
+        check_ragged_cache(broken, progress=False)
+    assert str(err.value).startswith(f"check_ragged_cache({broken.__name__}): every row equals a single cache")

@@ -5,6 +5,7 @@
     check_policy(MyPolicy, lossless=True)            # a policy class or a zero-argument factory
     check_policy(MyLossyPolicy, neutral={"strength": 0.0}, base="exact")
     check_cache(MyCache)                             # a class with KVCache's constructor
+    check_ragged_cache(MyBatchCache)                 # a class with RaggedKVCache's constructor
 
 Each check runs hypothesis properties on random tiny Llama/Qwen3 models (float64) under the
 active hypothesis profile (MINISPEC_PROFILE=dev|ci|thorough after `load_profile()`, or whatever
@@ -42,7 +43,7 @@ from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyI
 from minispec.kv_cache import KVCache
 from minispec.sampling import SamplingParams, logits_to_probs
 from minispec.speculative import generate, score
-from minispec.testing.cache_machine import make_cache_machine
+from minispec.testing.cache_machine import make_cache_machine, make_ragged_cache_machine
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 from minispec.testing.strategies import model_configs, random_model, seeds, tiny_config
 
@@ -86,6 +87,16 @@ def check_cache(cache_factory=KVCache, *, max_len: int = 40, progress: bool = Tr
     machine = make_cache_machine(cache_factory, max_len)
     name = getattr(cache_factory, "__name__", repr(cache_factory))
     _run(f"check_cache({name}): cache validity under appends and rollbacks",
+         lambda: run_state_machine_as_test(machine, settings=settings(check_settings(), stateful_step_count=20)),
+         progress)
+
+
+def check_ragged_cache(cache_factory=None, *, batch_size: int = 3, max_len: int = 40, progress: bool = True) -> None:
+    """Run the ragged append / per-row rollback / rows-leave state machine against `cache_factory`
+    (default minispec.ragged_cache.RaggedKVCache): every row must behave as a cache of its own."""
+    machine = make_ragged_cache_machine(cache_factory, batch_size, max_len)
+    name = getattr(cache_factory, "__name__", "RaggedKVCache") if cache_factory is not None else "RaggedKVCache"
+    _run(f"check_ragged_cache({name}): every row equals a single cache under ragged appends and rollbacks",
          lambda: run_state_machine_as_test(machine, settings=settings(check_settings(), stateful_step_count=20)),
          progress)
 

@@ -1,0 +1,225 @@
+"""Batched decoding (minispec.batch, minispec.ragged_cache) on random tiny models, float64.
+
+The one property behind all of them: a row of a batch is decoded exactly as its prompt would be
+alone. Greedy rows must equal plain greedy decoding of each prompt; sampled rows must equal the
+prompt's own run with the row's seed (same draws, same order), so they keep the target
+distribution (chi-square) and cannot depend on the other rows.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from minispec import acceptance
+from minispec.acceptance.base import AcceptancePolicy, Decision
+from minispec.batch import generate_batch
+from minispec.drafters import ModelDrafter
+from minispec.errors import CacheOverflowError, MinispecError
+from minispec.sampling import SamplingParams
+from minispec.speculative import generate
+from minispec.testing import (chi_square_p_value, make_ragged_cache_machine, model_configs, random_model, seeds,
+                              sequence_distribution, tiny_config)
+from minispec.testing.checks import P_VALUE_FLOOR
+
+DRAFT_KINDS = [None, "same", "random", "ngram", "early-exit", "self:bf16", "p-min"]
+
+
+def build_draft(kind, target, seed):
+    if kind == "same":
+        return target
+    if kind == "random":  # a different model over the same vocabulary: rarely agrees
+        return random_model(target.config, seed + 1)
+    if kind == "ngram":
+        return "ngram:2"
+    if kind == "early-exit":
+        return "early-exit:1" if target.config.num_layers > 1 else "ngram"
+    if kind == "p-min":  # rows stop drafting at different points
+        return ModelDrafter(random_model(target.config, seed + 1), p_min=0.3)
+    return kind
+
+
+@st.composite
+def batch_setups(draw, max_layers: int = 2, max_rows: int = 4):
+    """(config, seed, prompts): a random tiny model's config, a seed for its weights, and 1..4
+    prompts of different lengths over the first 6 ids (repetitive: the n-gram drafter finds matches)."""
+    cfg = draw(model_configs(max_layers=max_layers))
+    seed = draw(seeds)
+    prompt = st.lists(st.integers(0, min(cfg.vocab_size, 6) - 1), min_size=1, max_size=14)
+    return cfg, seed, draw(st.lists(prompt, min_size=1, max_size=max_rows))
+
+
+@given(setup=batch_setups(), kind=st.sampled_from(DRAFT_KINDS), gamma=st.integers(1, 5), n_new=st.integers(1, 16),
+       draft_length=st.sampled_from(["fixed", "heuristic"]), eos_at=st.none() | st.integers(0, 15),
+       batch_size=st.none() | st.integers(1, 3))
+def test_batched_greedy_equals_each_prompt_decoded_alone(setup, kind, gamma, n_new, draft_length, eos_at, batch_size):
+    """Plain and speculative (every drafter, every gamma) batches at T = 0, with an eos that ends
+    rows at different steps (so rows leave the batch mid-run), equal plain greedy on each prompt."""
+    cfg, seed, prompts = setup
+    target = random_model(cfg, seed, scale=3.0)  # peaky distributions: long greedy agreements
+    eos = [] if eos_at is None else [generate(target, prompts[0], max_new_tokens=n_new, eos_token_ids=[])
+                                     .tokens[min(eos_at, n_new - 1)]]
+    alone = [generate(target, p, max_new_tokens=n_new, eos_token_ids=eos) for p in prompts]
+    batch = generate_batch(target, prompts, max_new_tokens=n_new, draft=build_draft(kind, target, seed), gamma=gamma,
+                           draft_length=draft_length, eos_token_ids=eos, batch_size=batch_size)
+    assert [r.tokens for r in batch] == [a.tokens for a in alone]
+    assert [r.finish_reason for r in batch] == [a.finish_reason for a in alone]
+    assert batch.stats["num_generated_tokens"] == sum(len(a.tokens) for a in alone)
+
+
+@settings(max_examples=10)
+@given(setup=batch_setups(), kind=st.sampled_from(DRAFT_KINDS[1:]), gamma=st.integers(1, 5),
+       policy=st.sampled_from(["exact", "sampling", "typical", "dropmatch", "dropmatch-lazy"]),
+       temperature=st.sampled_from([0.0, 1.0]))
+def test_each_rows_stats_are_its_own_runs_and_the_pooled_stats_their_sums(setup, kind, gamma, policy, temperature):
+    """Row r's tokens and counts are those of generate(prompts[r], seed=seeds[r]); the pooled
+    counts are the rows' sums, and the pooled tau is all committed tokens over all row-steps."""
+    cfg, seed, prompts = setup
+    target = random_model(cfg, seed, scale=3.0)
+    draft = build_draft(kind, target, seed)
+    row_seeds = [seed + r for r in range(len(prompts))]
+    batch = generate_batch(target, prompts, max_new_tokens=12, draft=draft, policy=policy, gamma=gamma,
+                           temperature=temperature, seed=row_seeds, eos_token_ids=[])
+    alone = [generate(target, p, max_new_tokens=12, draft=draft, policy=policy, gamma=gamma, temperature=temperature,
+                      seed=s, eos_token_ids=[]) for p, s in zip(prompts, row_seeds)]
+    counts = ["verify_steps", "num_drafted", "num_accepted", "drafted_steps", "accepted_length_histogram",
+              "policy_info"]
+    for row, solo in zip(batch, alone):
+        assert row.tokens == solo.tokens
+        assert {k: row.stats[k] for k in counts} == {k: solo.stats[k] for k in counts}
+        assert row.stats["tau"] == pytest.approx(solo.stats["tau"])
+    pooled = batch.stats
+    for key in ("verify_steps", "num_drafted", "num_accepted", "drafted_steps"):
+        assert pooled[key] == sum(r.stats[key] for r in batch)
+    committed_after_prefill = sum(len(r.tokens) - 1 for r in batch)
+    assert pooled["tau"] == pytest.approx(committed_after_prefill / pooled["verify_steps"])
+    assert pooled["target_forwards"] == 1 + max(r.stats["verify_steps"] for r in batch)  # rows share passes
+
+
+test_ragged_cache_state_machine = make_ragged_cache_machine().TestCase
+
+
+class AcceptEverything(AcceptancePolicy):
+    """A planted bug for the power check: keeps every draft, then the target's bonus."""
+
+    def decide(self, inp):
+        return Decision(inp.gamma, int(torch.multinomial(inp.p_target[-1], 1, generator=inp.generator)))
+
+
+def sampled_counts(target, draft, policy, prompts, runs: int) -> list[dict]:
+    """For each row: counts of its first three sampled tokens over `runs` batches, every row with
+    its own seed in every batch."""
+    counts = [dict() for _ in prompts]
+    for run in range(runs):
+        out = generate_batch(target, prompts, max_new_tokens=3, draft=draft, policy=policy, gamma=2,
+                             temperature=1.0, seed=[run * len(prompts) + r for r in range(len(prompts))],
+                             eos_token_ids=[])
+        for row, result in zip(counts, out):
+            key = tuple(result.tokens)
+            row[key] = row.get(key, 0) + 1
+    return counts
+
+
+def test_batched_speculative_sampling_keeps_each_rows_target_distribution():
+    """Each row's first three tokens (the prefill's, then a gamma-2 step's) against their exact
+    joint distribution under plain sampling from the target on that row's prompt, chi-square over
+    1200 seeded batches of 3 rows (prompts of lengths 5, 2, 4) on a 6-token vocabulary; the drafter
+    is another random model. Power: a policy that keeps every draft fails the same test on a
+    quarter of the runs."""
+    cfg = tiny_config(vocab_size=6, num_layers=1)
+    target, other = random_model(cfg, 11, scale=2.0), random_model(cfg, 12, scale=2.0)
+    prompts, runs = [[1, 2, 1, 3, 1], [4, 0], [2, 2, 5, 1]], 1200
+    probs = [sequence_distribution(target, p, 3, SamplingParams(1.0)) for p in prompts]
+    lossless = sampled_counts(target, other, "sampling", prompts, runs)
+    for r, (counts, p) in enumerate(zip(lossless, probs)):
+        assert chi_square_p_value(counts, p, runs) > P_VALUE_FLOOR, f"row {r}"
+    biased = sampled_counts(target, other, AcceptEverything(), prompts, runs // 4)
+    assert all(chi_square_p_value(counts, p, runs // 4) < P_VALUE_FLOOR for counts, p in zip(biased, probs))
+
+
+@settings(max_examples=10)
+@given(setup=batch_setups(), kind=st.sampled_from(["random", "ngram", "early-exit"]), gamma=st.integers(1, 5),
+       criterion=st.sampled_from(["js_or_majority", "js", "majority", "naive"]))
+def test_dropmatch_at_p0_equals_exact_on_every_row(setup, kind, gamma, criterion):
+    cfg, seed, prompts = setup
+    target = random_model(cfg, seed, scale=3.0)
+    draft = build_draft(kind, target, seed)
+    exact = generate_batch(target, prompts, max_new_tokens=12, draft=draft, gamma=gamma, eos_token_ids=[])
+    dropmatch = generate_batch(target, prompts, max_new_tokens=12, draft=draft, gamma=gamma, eos_token_ids=[],
+                               policy=acceptance.get("dropmatch", p=0.0, criterion=criterion))
+    assert [r.tokens for r in dropmatch] == [r.tokens for r in exact]
+    assert [r.stats["num_accepted"] for r in dropmatch] == [r.stats["num_accepted"] for r in exact]
+
+
+@settings(max_examples=10)
+@given(setup=batch_setups(max_rows=3), mates=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=14),
+                                                      min_size=0, max_size=3),
+       kind=st.sampled_from(["random", "ngram", "early-exit", None]), gamma=st.integers(1, 4),
+       policy=st.sampled_from(["sampling", "typical", "dropmatch"]), mate_seed=seeds, where=st.integers(0, 3))
+def test_a_rows_sampled_output_does_not_depend_on_its_batch_mates(setup, mates, kind, gamma, policy, mate_seed, where):
+    """Row 0 of one batch, put among other prompts (other lengths, other seeds) at any place in
+    another batch, samples the same tokens: its own run's (T = 1; DropMatch at p = 0.3 draws masks)."""
+    cfg, seed, prompts = setup
+    target = random_model(cfg, seed, scale=2.0)
+    draft = build_draft(kind, target, seed)
+    mates = [[t % cfg.vocab_size for t in m] for m in mates]
+    first = generate_batch(target, prompts, max_new_tokens=12, draft=draft, policy=policy, gamma=gamma,
+                           temperature=1.0, seed=[seed] + [seed + 1 + r for r in range(len(prompts) - 1)],
+                           eos_token_ids=[])
+    at = min(where, len(mates))
+    others = mates[:at] + [prompts[0]] + mates[at:]
+    other_seeds = [mate_seed + r if r != at else seed for r in range(len(others))]
+    second = generate_batch(target, others, max_new_tokens=12, draft=draft, policy=policy, gamma=gamma,
+                            temperature=1.0, seed=other_seeds, eos_token_ids=[])
+    alone = generate(target, prompts[0], max_new_tokens=12, draft=draft, policy=policy, gamma=gamma,
+                     temperature=1.0, seed=seed, eos_token_ids=[])
+    assert first[0].tokens == second[at].tokens == alone.tokens
+
+
+def test_streaming_reports_each_rows_tokens_in_order():
+    target = random_model(tiny_config(), 0, scale=3.0)
+    prompts = [[1, 2, 3, 1, 2], [4], [5, 6, 5, 6, 5, 6, 5]]
+    streamed = {r: [] for r in range(len(prompts))}
+    out = generate_batch(target, prompts, max_new_tokens=10, draft="ngram", eos_token_ids=[],
+                         on_tokens=lambda r, tokens, n, g: streamed[r].extend(tokens))
+    assert [streamed[r] for r in range(len(prompts))] == [r.tokens for r in out]
+
+
+def test_generate_takes_several_prompts():
+    target = random_model(tiny_config(), 0)
+    prompts = [[1, 2, 3], [4, 5]]
+    out = generate(target, prompts, max_new_tokens=5, eos_token_ids=[])
+    assert [r.tokens for r in out] == [generate(target, p, max_new_tokens=5, eos_token_ids=[]).tokens for p in prompts]
+    same_length = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    assert len(generate(target, same_length, max_new_tokens=3, eos_token_ids=[])) == 2
+
+
+@pytest.mark.parametrize("call, message", [
+    (dict(prompts=[]), "prompts: list (empty); expected a non-empty list of prompts"),
+    (dict(prompts=[[1, 2], []]), "prompts[1]: prompt_ids: empty"),
+    (dict(prompts=[[1, 2], [999]]), "prompts[1]: prompt_ids: token id 999 out of range"),
+    (dict(seed=[1, 2, 3]), "seed = [1, 2, 3]; expected an integer, or a list of 2 integers (one per prompt)"),
+    (dict(seed=[1, -1]), "seed = -1; expected an integer 0 <= seed < 2**64"),
+    (dict(batch_size=0), "batch_size = 0; expected an integer >= 1"),
+    (dict(gamma=0, draft="ngram"), "gamma = 0; expected an integer >= 1"),
+    (dict(draft="nope"), "--draft = 'nope': unknown drafter"),
+])
+def test_clear_errors(call, message):
+    target = random_model(tiny_config(), 0)
+    kwargs = dict(prompts=[[1, 2], [3]], max_new_tokens=4) | call
+    with pytest.raises(MinispecError) as err:
+        generate_batch(target, **kwargs)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_generate_refuses_what_a_batch_cannot_do():
+    target = random_model(tiny_config(), 0)
+    with pytest.raises(MinispecError, match="^tree: not available with several prompts"):
+        generate(target, [[1], [2]], max_new_tokens=3, draft="ngram", tree=4)
+    with pytest.raises(MinispecError, match="^on_step: not available with several prompts"):
+        generate(target, [[1], [2]], max_new_tokens=3, draft="ngram", on_step=print)
+
+
+def test_a_prompt_longer_than_the_model_names_its_row():
+    target = random_model(tiny_config(), 0)  # max_position_embeddings 128
+    with pytest.raises(CacheOverflowError, match=r"^prompts\[1\]: prompt of 126 tokens \+ max_new_tokens=4"):
+        generate_batch(target, [[1], [1] * 126], max_new_tokens=4)
