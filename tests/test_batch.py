@@ -175,6 +175,24 @@ def test_a_rows_sampled_output_does_not_depend_on_its_batch_mates(setup, mates, 
     assert first[0].tokens == second[at].tokens == alone.tokens
 
 
+@pytest.mark.parametrize("policy", ["dropmatch", "dropmatch-lazy"])
+def test_each_row_draws_its_own_dropmatch_masks(policy):
+    """At T = 0 DropMatch's masks are the only randomness (naive criterion, p = 0.6: they decide
+    most steps): each row, seeded like its own run, must draw the masks that run draws."""
+    target, draft = random_model(tiny_config(), 0), random_model(tiny_config(), 1)
+    prompts, row_seeds = [[1, 2, 3], [4, 5, 6, 7, 8], [9]], [3, 4, 5]
+
+    def dropmatch():
+        return acceptance.get(policy, p=0.6, criterion="naive")
+
+    batch = generate_batch(target, prompts, max_new_tokens=20, draft=draft, policy=dropmatch(), seed=row_seeds,
+                           eos_token_ids=[])
+    alone = [generate(target, p, max_new_tokens=20, draft=draft, policy=dropmatch(), seed=s, eos_token_ids=[]).tokens
+             for p, s in zip(prompts, row_seeds)]
+    assert [r.tokens for r in batch] == alone
+    assert sum(r.stats["policy_info"]["accepted_by_dropmatch_only"] for r in batch) > 0  # the masks did decide
+
+
 def test_streaming_reports_each_rows_tokens_in_order():
     target = random_model(tiny_config(), 0, scale=3.0)
     prompts = [[1, 2, 3, 1, 2], [4], [5, 6, 5, 6, 5, 6, 5]]
