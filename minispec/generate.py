@@ -64,7 +64,7 @@ the same settings in vLLM (speculative_config) / llama.cpp / transformers (gener
   --max-new-tokens N        max_tokens=N / -n N / max_new_tokens=N
   --stop S                  stop=[S] / "stop" (server) / stop_strings=[S]
   --temperature, --top-k, --top-p, --seed: the same in all three
-  --batch-size N            max_num_seqs=N / -np N (llama-server) / pipeline(..., batch_size=N)
+  --batch-size N            LLM(max_num_seqs=N) / -np N (llama-server) / pipeline(..., batch_size=N)
                             (vLLM and llama-server refill a finished row's place at once;
                             minispec runs the prompts in consecutive groups of N)
   --tree N --branching K    SGLang's EAGLE trees: --speculative-num-draft-tokens N

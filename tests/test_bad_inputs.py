@@ -184,6 +184,8 @@ def api(case: str, expression: str, expect: type[MinispecError], *names: str, **
 G = "--ckpt CKPT --max-new-tokens 2"  # the start of most generate rows
 LONG = ["--ckpt", "CKPT", "--raw", "--max-new-tokens", "60000"]  # with setup=long_run(): runs until stopped
 WEIGHTS = "model.safetensors"
+B = "--ckpt CKPT --max-new-tokens 2 --prompt-file CKPT/prompts.txt --batch-size"  # then N: a batch run
+TWO_PROMPTS = write("prompts.txt", "hi\n\nho\n", "prompts.txt: 'hi', a blank line, 'ho'")
 
 
 def json_out(outcome: Outcome) -> dict:
@@ -202,6 +204,11 @@ def check_finished(outcome: Outcome, folder: Path) -> None:
     assert json_out(outcome)["finish_reason"] in ("length", "eos")
 
 
+def check_batch_finished(outcome: Outcome, folder: Path) -> None:
+    results = json_out(outcome)["results"]
+    assert len(results) == 2 and all(r["finish_reason"] in ("length", "eos") for r in results)
+
+
 def check_streamed_text_kept(outcome: Outcome, folder: Path) -> None:
     assert len(outcome.out) > 1 and outcome.out.endswith("\n")  # the text so far, ended as a finished one is
 
@@ -213,6 +220,16 @@ def check_interrupted_json(outcome: Outcome, folder: Path, generated: bool = Tru
     assert result["finish_reason"] == "interrupted" and result["stats"] is None
     assert bool(result["tokens"]) == generated and (result["prompt_tokens"] is not None) == generated
     assert result["text"] == load_tokenizer(folder).decode(result["tokens"], skip_special_tokens=True)
+
+
+def check_interrupted_batch_json(outcome: Outcome, folder: Path) -> None:
+    from minispec import load_tokenizer
+
+    result = json_out(outcome)
+    assert result["stats"] is None and len(result["results"]) == 1
+    row = result["results"][0]
+    assert row["finish_reason"] == "interrupted" and row["tokens"] and row["stats"] is None
+    assert row["text"] == load_tokenizer(folder).decode(row["tokens"], skip_special_tokens=True)
 
 
 ROWS: list[Row] = [
@@ -285,8 +302,14 @@ ROWS: list[Row] = [
     api("generate-temperature-tiny", "generate(model, [1, 2], max_new_tokens=2, temperature=1e-40)", MinispecError,
         "temperature"),
     # ---- the generation API's own arguments
-    api("generate-prompt-2d", "generate(model, torch.tensor([[1, 2]]), max_new_tokens=2)", MinispecError,
-        "prompt_ids", "1-D"),
+    api("generate-prompt-3d", "generate(model, torch.tensor([[[1, 2]]]), max_new_tokens=2)", MinispecError,
+        "prompt_ids", "3-D", "1-D"),  # a 2-D tensor is several prompts (minispec.batch)
+    api("generate-batch-prompt-empty", "generate(model, [[1, 2], []], max_new_tokens=2)", MinispecError,
+        "prompts[1]", "empty"),
+    api("generate-batch-seeds-short", "minispec.generate_batch(model, [[1, 2], [3]], max_new_tokens=2, seed=[1])",
+        MinispecError, "seed = [1]", "2 integers"),
+    api("generate-batch-tree", "generate(model, [[1, 2], [3]], max_new_tokens=2, draft='ngram', tree=8)",
+        MinispecError, "tree", "several prompts"),
     api("generate-prompt-str", "generate(model, 'hello', max_new_tokens=2)", MinispecError, "prompt_ids",
         "tokenizer.encode"),
     api("generate-prompt-none", "generate(model, None, max_new_tokens=2)", MinispecError, "prompt_ids"),
@@ -342,6 +365,23 @@ ROWS: list[Row] = [
         "tree = True", "TreeSpec"),
     api("tree-spec-branching-zero", "TreeSpec(branching=(4, 0))", MinispecError, "branching", "(4, 0)"),
     api("tree-spec-budget-zero", "TreeSpec(budget=0)", MinispecError, "budget = 0"),
+    # ---- several prompts: --prompt-file with --batch-size, one prompt per line
+    cli("batch-size-without-prompt-file", f"{G} --batch-size 2", 2, "--batch-size", "--prompt-file"),
+    cli("batch-size-zero", f"{B} 0", 2, "--batch-size", setup=TWO_PROMPTS),
+    cli("batch-with-tree", f"{B} 2 --draft ngram --tree 8", 2, "--tree", "--batch-size", setup=TWO_PROMPTS),
+    cli("batch-with-trace", f"{B} 2 --draft ngram --trace", 2, "--trace", "--batch-size", setup=TWO_PROMPTS),
+    cli("batch-with-show", f"{B} 2 --show", 2, "--show", "--batch-size", setup=TWO_PROMPTS),
+    cli("batch-dropout-p-auto", f"{B} 2 --draft ngram --policy dropmatch --dropout-p auto", 2, "--dropout-p auto",
+        "--batch-size", setup=TWO_PROMPTS),
+    cli("batch-no-prompts", f"{B} 2", 2, "--prompt-file CKPT/prompts.txt", "no prompts",
+        setup=write("prompts.txt", "\n  \n\n", "prompts.txt: blank lines only")),
+    cli("batch-prompt-too-long", f"{B} 2", 2, "--prompt-file CKPT/prompts.txt line 3", "max_position_embeddings=512",
+        setup=write("prompts.txt", "hi\n\n" + "a" * 600 + "\n", "prompts.txt: 'hi', a blank line, 600 a's")),
+    cli("batch-seed-past-2**64", f"{B} 2 --seed 18446744073709551615", 2, "--seed", "2**64", setup=TWO_PROMPTS),
+    cli("batch-seed-largest", f"{B} 2 --temperature 1 --seed 18446744073709551614 --json", 0,
+        check=check_batch_finished, setup=TWO_PROMPTS, note="the largest seeds work: prompt i uses --seed + i"),
+    cli("batch-stdin", f"{G} --prompt-file - --batch-size 2 --draft ngram --json", 0, check=check_batch_finished,
+        stdin=b"hi\n\nho\n", note="one prompt per line, blank lines skipped"),
     # ---- the weights command shares the exit path
     cli("weights-dest-is-a-file", f"--dest CKPT/{WEIGHTS}", 2, f"CKPT/{WEIGHTS}", module="minispec.weights"),
     # ---- Ctrl-C and a closed pipe (a real process each)
@@ -355,6 +395,10 @@ ROWS: list[Row] = [
         ("minispec.generate: interrupted",), setup=both(long_run(), fifo("prompt")), run="interrupt-before",
         check=lambda outcome, folder: check_interrupted_json(outcome, folder, generated=False),
         note='Ctrl-C while it waits for the prompt: the JSON object, no tokens, "interrupted"'),
+    Row("ctrl-c-batch-json", (*LONG, "--json", "--prompt-file", "CKPT/prompt", "--batch-size", "2"), 130,
+        ("minispec.generate: interrupted",), setup=both(long_run(), fifo("prompt")), run="interrupt-generating",
+        check=check_interrupted_batch_json,
+        note='Ctrl-C while a batch generates: stdout has the JSON object so far, "finish_reason": "interrupted"'),
     Row("stdout-closed", tuple(LONG), 141, (), setup=long_run(), run="pipe",
         note="the reader closes the pipe after 10 bytes (`| head -c 10`): quiet exit 141, as `yes | head`"),
 ]
@@ -527,8 +571,8 @@ def shown_command(row: Row) -> str:
 
     def quote(arg: str) -> str:
         raw = os.fsencode(arg)
-        if any(b > 127 for b in raw):  # bytes that are not UTF-8, as bash writes them
-            return "$'" + "".join(chr(b) if b < 128 else f"\\x{b:02x}" for b in raw) + "'"
+        if any(b > 127 or b < 32 for b in raw):  # bytes that are not UTF-8, and line breaks, as bash writes them
+            return "$'" + "".join("\\n" if b == 10 else chr(b) if 32 <= b < 128 else f"\\x{b:02x}" for b in raw) + "'"
         import shlex
 
         return shlex.quote(arg)
