@@ -159,7 +159,7 @@ def generate_batch(
                                      stop_when, pooled)
         results += [_row_result(row, pooled.last_prefill_seconds, drafter, policy if drafter else None, gamma)
                     for row in rows]
-    return BatchResult(results, pooled.summary(batch_size, drafter, results))
+    return BatchResult(results, pooled.summary(batch_size, drafter, policy if drafter else None, gamma, results))
 
 
 def plain_decode_batch(target: Transformer, rows: list[_Row], max_new_tokens: int, params: SamplingParams,
@@ -315,7 +315,8 @@ class _Pooled:
             self.phases[phase] += seconds
         self.draft_forwards += drafter.forwards
 
-    def summary(self, batch_size: int, drafter: BatchDrafter | None, results: list[GenerationResult]) -> dict:
+    def summary(self, batch_size: int, drafter: BatchDrafter | None, policy: AcceptancePolicy | None, gamma: int,
+                results: list[GenerationResult]) -> dict:
         generated = sum(len(r.tokens) for r in results)
         stats = {
             "num_prompts": len(results),
@@ -333,7 +334,7 @@ class _Pooled:
             stats.update(tau=1.0)
             return stats
         stats.update(self.steps.summary())  # pooled over every row's steps: tau = committed / row-steps
-        stats.update(draft_forwards=self.draft_forwards, drafter=drafter.name,
+        stats.update(draft_forwards=self.draft_forwards, drafter=drafter.name, policy=policy.name, gamma=gamma,
                      **{f"{phase}_seconds": seconds for phase, seconds in self.phases.items()})
         return stats
 

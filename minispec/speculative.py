@@ -366,7 +366,7 @@ def _check_prompt(target: Transformer, prompt_ids, max_new_tokens: int) -> list[
         if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex \
                 or prompt_ids.dtype == torch.bool:
             raise MinispecError(f"prompt_ids: a {prompt_ids.dim()}-D {prompt_ids.dtype} tensor; expected a 1-D integer "
-                                f"tensor or a list of token ids (batch size 1: pass one row)")
+                                f"tensor or a list of token ids (several prompts: a list of lists or a 2-D tensor)")
         prompt_ids = prompt_ids.tolist()
     if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
         raise MinispecError(f"prompt_ids: {type(prompt_ids).__name__}; expected a list of token ids "

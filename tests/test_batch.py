@@ -6,6 +6,8 @@ prompt's own run with the row's seed (same draws, same order), so they keep the 
 distribution (chi-square) and cannot depend on the other rows.
 """
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -13,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 from minispec import acceptance
 from minispec.acceptance.base import AcceptancePolicy, Decision
 from minispec.batch import generate_batch
+from minispec.draft_length import DraftLength
 from minispec.drafters import ModelDrafter
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.sampling import SamplingParams
@@ -93,6 +96,51 @@ def test_each_rows_stats_are_its_own_runs_and_the_pooled_stats_their_sums(setup,
     committed_after_prefill = sum(len(r.tokens) - 1 for r in batch)
     assert pooled["tau"] == pytest.approx(committed_after_prefill / pooled["verify_steps"])
     assert pooled["target_forwards"] == 1 + max(r.stats["verify_steps"] for r in batch)  # rows share passes
+
+
+@settings(max_examples=10)
+@given(setup=batch_setups(), gamma=st.integers(2, 5), p_min=st.sampled_from([0.0, 0.2, 0.4]),
+       draft_length=st.sampled_from(["fixed", "heuristic"]), n_new=st.integers(2, 16))
+def test_the_target_as_its_own_batched_draft_model_is_always_accepted(setup, gamma, p_min, draft_length, n_new):
+    """The target drafting for itself with its own ragged cache: rows stop drafting at different
+    points (p_min, their own schedules, their own max_new_tokens), the others go on with pads in
+    those rows, and yet every draft must be accepted: the draft cache of each row holds exactly its
+    context and its fed drafts, never a pad. Row by row, the counts of its own run."""
+    cfg, seed, prompts = setup
+    target = random_model(cfg, seed)  # unpeaked: its confidence varies, so p_min stops rows at different points
+    draft = ModelDrafter(target, p_min=p_min)  # its own cache, not the target's
+    batch = generate_batch(target, prompts, max_new_tokens=n_new, draft=draft, gamma=gamma,
+                           draft_length=draft_length, eos_token_ids=[])
+    for prompt, row in zip(prompts, batch):
+        assert row.stats["num_accepted"] == row.stats["num_drafted"]
+        solo = generate(target, prompt, max_new_tokens=n_new, draft=draft, gamma=gamma, draft_length=draft_length,
+                        eos_token_ids=[])
+        assert (row.tokens, row.stats["num_drafted"]) == (solo.tokens, solo.stats["num_drafted"])
+
+
+class EveryCallAnotherLength(DraftLength):
+    """Draft lengths 1, 2, .., gamma, 1, .. from one counter shared by every row's copy: in each
+    step the rows ask for different lengths, so the shorter ones ride along with pads."""
+
+    name = "cycling"
+    calls = itertools.count()
+
+    def next(self) -> int:
+        return 1 + next(EveryCallAnotherLength.calls) % self.gamma
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_rows_that_draft_fewer_tokens_keep_no_pads_in_the_draft_cache(share):
+    """The target as its own draft model (own cache, or the target's shared cache), rows asking for
+    different lengths every step: every draft must still be accepted, so no row's draft cache
+    ever holds a pad where its own token belongs."""
+    target = random_model(tiny_config(), 3, scale=3.0)
+    draft = ModelDrafter(target, share_cache=share)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11]]
+    out = generate_batch(target, prompts, max_new_tokens=30, draft=draft, gamma=4,
+                         draft_length=EveryCallAnotherLength(4), eos_token_ids=[])
+    assert [r.tokens for r in out] == [generate(target, p, max_new_tokens=30, eos_token_ids=[]).tokens for p in prompts]
+    assert all(r.stats["num_accepted"] == r.stats["num_drafted"] > 0 for r in out)
 
 
 test_ragged_cache_state_machine = make_ragged_cache_machine().TestCase
