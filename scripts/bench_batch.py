@@ -226,6 +226,7 @@ def record(set_name: str, batch_size: int, config: Config, runs: list[dict], sec
         "policy": config.policy, "reps": len(runs), "load_average": load,
         "generated": generated, "tokens": first["tokens"], "tau": first.get("tau"),
         "seconds": seconds, "decode_seconds": decode,
+        "rep_seconds": [r["seconds"] for r in runs], "rep_decode_seconds": [r["decode_seconds"] for r in runs],
         "prefill_seconds": median(r.get("prefill_seconds") for r in runs),
         "tps": generated / seconds, "decode_tps": ratio(generated - batch_size, decode),
         "draft_share": share("draft_seconds"), "verify_share": share("verify_seconds"),
