@@ -43,6 +43,14 @@ class KVCache:
         self.max_seq_len = max_seq_len
         self.length = 0  # number of valid positions, the same in every layer
 
+    @classmethod
+    def over(cls, k: list[torch.Tensor], v: list[torch.Tensor], length: int) -> "KVCache":
+        """A cache over existing per-layer buffers [B, n_kv_heads, max_seq_len, head_dim], without
+        a copy: writes land in them (RaggedKVCache.row hands out one row of a batch this way)."""
+        cache = cls.__new__(cls)
+        cache.k, cache.v, cache.max_seq_len, cache.length = k, v, k[0].shape[2], length
+        return cache
+
     @property
     def num_layers(self) -> int:
         return len(self.k)

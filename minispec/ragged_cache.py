@@ -14,7 +14,9 @@ A forward pass of T tokens per row writes row b's tokens at positions [lengths[b
 (`write`, through `positions`), then every row advances by T (`advance`). Rows that need fewer
 than T new tokens (a shorter prompt, a shorter draft) are padded on the right and rolled back
 after the pass with a per-row `truncate`: a pad only ever comes after a row's real tokens, and
-attention is causal, so no real token sees one.
+attention is causal, so no real token sees one. A long chunk (a prompt) can instead go through
+one row alone, `row(b)`: a single-sequence KVCache over row b's memory (`feed_ragged` does this
+for prefills, where pads would cost compute).
 
 Attention reads the first S = max(lengths) + T positions of every row. Row b's query i (position
 lengths[b] + i) may attend to key j iff
@@ -38,6 +40,7 @@ from typing import Sequence
 import torch
 
 from minispec.errors import CacheOverflowError
+from minispec.kv_cache import KVCache
 
 PAD_ID = 0  # the token fed where a row has nothing to feed; rolled back before anyone reads it
 
@@ -141,21 +144,48 @@ class RaggedKVCache:
         self.v = [v.index_select(0, index) for v in self.v]
         self._set_lengths([self.lengths[r] for r in rows])
 
+    def row(self, index: int) -> KVCache:
+        """Row `index` alone, as a single-sequence KVCache over this cache's memory (no copy):
+        a pass through it writes that row only. Set the row's new length with `set_length`."""
+        return KVCache.over([k[index:index + 1] for k in self.k], [v[index:index + 1] for v in self.v],
+                            self.lengths[index])
+
+    def set_length(self, index: int, length: int) -> None:
+        """Row `index` now holds `length` valid positions (after a pass through `row(index)`)."""
+        if not 0 <= length <= self.max_seq_len:
+            raise ValueError(f"RaggedKVCache.set_length: length = {length}; expected 0..{self.max_seq_len}")
+        self._set_lengths([length if r == index else n for r, n in enumerate(self.lengths)])
+
     def __repr__(self) -> str:
         b, h, s, d = self.k[0].shape
         return f"RaggedKVCache(layers={self.num_layers}, batch={b}, kv_heads={h}, head_dim={d}, lengths={self.lengths}/{s})"
+
+
+ROW_BY_ROW_ABOVE = 8  # chunks longer than this (prompts) are fed one row at a time
 
 
 def feed_ragged(model, chunks: list[list[int]], cache: RaggedKVCache, num_layers: int | None = None) -> torch.Tensor:
     """Feed chunks[r] at the end of cache row r, each row its own number of tokens; the logits
     after each row's last token: [R, V] (a batched prefill, or a draft model's catch-up).
 
-    `model` is a minispec Transformer. The rows are right-padded to the longest chunk for one
-    pass, then each is rolled back to its real length (module docstring). Every chunk must be
-    non-empty. Only each row's last real position goes through the LM head.
+    `model` is a minispec Transformer. Short chunks (a catch-up of a token or two) go in one pass,
+    right-padded to the longest and then rolled back (module docstring): that pass is memory-bound,
+    so the batch shares one read of the weights. Long ones (prompts, more than ROW_BY_ROW_ABOVE
+    tokens somewhere) go one row at a time through `row(r)`: such a pass is compute-bound, so pads
+    would cost their full share, and a single row from position 0 takes attention's causal path.
+    Every chunk must be non-empty. Only each row's last real position goes through the LM head.
     """
+    device = model.device
+    if max(len(chunk) for chunk in chunks) > ROW_BY_ROW_ABOVE:
+        last_hidden = []
+        for r, chunk in enumerate(chunks):
+            row = cache.row(r)
+            last_hidden.append(model.forward_hidden(torch.tensor([chunk], device=device), row,
+                                                    num_layers=num_layers)[0, -1])  # [d]
+            cache.set_length(r, row.length)
+        return model.head(torch.stack(last_hidden))  # [R, V]
     longest = max(len(chunk) for chunk in chunks)
-    ids = torch.tensor([chunk + [PAD_ID] * (longest - len(chunk)) for chunk in chunks], device=model.device)
+    ids = torch.tensor([chunk + [PAD_ID] * (longest - len(chunk)) for chunk in chunks], device=device)
     before = list(cache.lengths)
     hidden = model.forward_hidden(ids, cache, num_layers=num_layers)  # [R, longest, d]
     cache.truncate([n + len(chunk) for n, chunk in zip(before, chunks)])

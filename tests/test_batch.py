@@ -144,6 +144,7 @@ def test_rows_that_draft_fewer_tokens_keep_no_pads_in_the_draft_cache(share):
 
 
 test_ragged_cache_state_machine = make_ragged_cache_machine().TestCase
+test_ragged_cache_state_machine.settings = settings(stateful_step_count=20)  # each step checks every row from scratch
 
 
 class AcceptEverything(AcceptancePolicy):

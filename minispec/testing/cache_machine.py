@@ -68,13 +68,14 @@ def make_cache_machine(cache_factory=KVCache, max_len: int = 40) -> type[RuleBas
 def make_ragged_cache_machine(cache_factory=None, batch_size: int = 3,
                               max_len: int = 40) -> type[RuleBasedStateMachine]:
     """A RuleBasedStateMachine class testing a ragged batch cache (minispec.ragged_cache's
-    interface: lengths, check_room, positions, mask, write, advance, truncate(lengths), keep_rows)
+    interface: lengths, check_room, positions, mask, write, advance, truncate(lengths), keep_rows,
+    row, set_length)
     built by `cache_factory(num_layers, batch_size, num_kv_heads, max_seq_len, head_dim, dtype=...,
     device=...)`, default RaggedKVCache.
 
     Rules: a ragged append (row r gets its own 0..6 new tokens, right-padded to the longest and
-    rolled back to its own count, as a batched prefill, catch-up or verify pass does), a per-row
-    rollback, and rows leaving the batch. After every append, each row's logits must equal a
+    rolled back to its own count, as a catch-up or verify pass does), one row fed alone through
+    `row(r)` (as a prefill is), a per-row rollback, and rows leaving the batch. After every append, each row's logits must equal a
     from-scratch forward over that row's tokens alone; after every rule, each row's keys and
     values must equal those of a single-row KVCache built from scratch on that row's tokens.
     """
@@ -91,11 +92,15 @@ def make_ragged_cache_machine(cache_factory=None, batch_size: int = 3,
             self.rows: list[list[int]] = [[] for _ in range(batch_size)]  # each row's committed tokens
             self.vocab = cfg.vocab_size
 
-        @precondition(lambda self: max(map(len, self.rows)) + 6 <= max_len)
+        def room(self) -> int:
+            return max_len - max(map(len, self.rows))  # a padded pass needs it in every row
+
+        @precondition(lambda self: self.room() > 0)
         @rule(data=st.data())
-        def append_ragged(self, data):  # a prefill of unequal prompts, a catch-up, a padded verify pass
-            counts = data.draw(st.lists(st.integers(0, 6), min_size=len(self.rows), max_size=len(self.rows))
-                               .filter(lambda c: max(c) > 0), label="new tokens per row")
+        def append_ragged(self, data):  # a catch-up or a padded verify pass
+            most = min(6, self.room())
+            counts = data.draw(st.lists(st.integers(0, most), min_size=len(self.rows), max_size=len(self.rows))
+                               .map(lambda c: c if max(c) > 0 else [most] + c[1:]), label="new tokens per row")
             new = [data.draw(st.lists(st.integers(0, self.vocab - 1), min_size=c, max_size=c), label=f"row {r}")
                    for r, c in enumerate(counts)]
             longest = max(counts)
@@ -111,6 +116,21 @@ def make_ragged_cache_machine(cache_factory=None, batch_size: int = 3,
                     assert err <= ATOL, (f"row {r}: after feeding {chunk} (batch counts {counts}) its logits "
                                          f"differ from a from-scratch forward over its {len(self.rows[r])} tokens "
                                          f"by {err:.3g}")
+
+        @precondition(lambda self: min(map(len, self.rows)) < max_len)
+        @rule(data=st.data())
+        def append_one_row(self, data):  # a prompt fed to its own row alone, through row(r)
+            r = data.draw(st.sampled_from([r for r, row in enumerate(self.rows) if len(row) < max_len]), label="row")
+            most = min(6, max_len - len(self.rows[r]))
+            chunk = data.draw(st.lists(st.integers(0, self.vocab - 1), min_size=1, max_size=most), label="chunk")
+            view = self.cache.row(r)
+            got = self.model(torch.tensor([chunk]), view)[0]  # [T, V]
+            self.cache.set_length(r, view.length)
+            self.rows[r] += chunk
+            want = self.model(torch.tensor([self.rows[r]]))[0, -len(chunk):]
+            err = (got - want).abs().max().item()
+            assert err <= ATOL, (f"row {r}: after feeding {chunk} through row({r}) its logits differ from a "
+                                 f"from-scratch forward over its {len(self.rows[r])} tokens by {err:.3g}")
 
         @precondition(lambda self: max(map(len, self.rows)) > 0)
         @rule(data=st.data())
