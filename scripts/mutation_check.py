@@ -110,16 +110,16 @@ CATALOGUE = [
            "the target cache keeps the first rejected draft"),
     # The loop: where a run ends inside an accepted run, and what it counts.
     Mutant("eos-checked-after-the-step", "minispec/speculative.py",
-           "            reason = finish_reason(tokens, eos, max_new_tokens, stop_when)\n            if reason is not None:\n"
-           "                break\n        emitted = tokens[num_before:]\n",
-           "            reason = finish_reason(tokens, eos, max_new_tokens, stop_when)\n"
-           "        emitted = tokens[num_before:]\n",
+           "        reason = finish_reason(tokens, eos, max_new_tokens, stop_when)\n        if reason is not None:\n"
+           "            break\n    return tokens[num_before:], reason\n",
+           "        reason = finish_reason(tokens, eos, max_new_tokens, stop_when)\n"
+           "    return tokens[num_before:], reason\n",
            "an eos inside an accepted run is seen only after the whole step is committed", ("tests/test_speculative.py",)),
     Mutant("draft-past-max-new-tokens", "minispec/speculative.py",
            "g = min(draft_length.next(), max_new_tokens - len(tokens) - 1)", "g = draft_length.next()",
            "the drafter is asked for gamma tokens though fewer can still be emitted", ("tests/test_speculative.py",)),
     Mutant("stats-count-drafts-after-eos", "minispec/speculative.py",
-           "        if len(emitted) <= n:\n", "        if False:\n",
+           "    if num_committed <= num_accepted:\n", "    if False:\n",
            "tau and acceptance count accepted drafts that were cut off after an eos", ("tests/test_speculative.py",)),
     Mutant("prompt-check-adds-gamma", "minispec/speculative.py",
            "    prompt = _check_prompt(target, prompt_ids, max_new_tokens)\n",
@@ -375,8 +375,8 @@ CATALOGUE = [
            '',
            "encoding a lone surrogate raises the tokenizers library's own exception", ('tests/test_bad_inputs.py',)),
     Mutant('stdin-read-with-locale', 'minispec/generate.py',
-           '        prompt = _read_stdin()',
-           '        prompt = sys.stdin.read()',
+           '        return _read_stdin()',
+           '        return sys.stdin.read()',
            '--prompt-file - decodes stdin with the locale and its error handler', ('tests/test_bad_inputs.py',)),
     Mutant('seed-unbounded', 'minispec/generate.py',
            'type=ranged(int, "--seed", lo=0, hi=2**64, hi_open=True)',
@@ -403,8 +403,8 @@ CATALOGUE = [
            '    except ZeroDivisionError:\n',
            'Ctrl-C prints a KeyboardInterrupt traceback', ('tests/test_bad_inputs.py',)),
     Mutant('ctrl-c-json-lost', 'minispec/generate.py',
-           '        if args.json:\n            print(json.dumps({"text": progress.text()',
-           '        if False:\n            print(json.dumps({"text": progress.text()',
+           '        if as_json:\n            print(json.dumps({"text": self.text()',
+           '        if False:\n            print(json.dumps({"text": self.text()',
            'Ctrl-C with --json prints nothing', ('tests/test_bad_inputs.py',)),
     Mutant('multi-line-error', 'minispec/cli.py',
            'print(f"{prog}: error: {\' \'.join(str(err).splitlines())}", file=sys.stderr)  # one line, always',
