@@ -168,7 +168,7 @@ def plain_decode_batch(target: Transformer, rows: list[_Row], max_new_tokens: in
     cache = target.new_cache(len(rows), max(len(r.prompt) for r in rows) + max_new_tokens, ragged=True)
     t0 = time.perf_counter()
     logits = feed_ragged(target, [row.prompt for row in rows], cache)  # [B, V]: each row's last prompt token
-    pooled.add_prefill(time.perf_counter() - t0, len(rows))
+    pooled.add_prefill(time.perf_counter() - t0)
     running = rows
     while True:
         for row, row_logits in zip(running, logits):
@@ -205,7 +205,7 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
 
     t0 = time.perf_counter()
     logits = feed_ragged(target, [row.prompt for row in rows], cache)  # [B, V]
-    pooled.add_prefill(time.perf_counter() - t0, len(rows))
+    pooled.add_prefill(time.perf_counter() - t0)
     for row, row_logits in zip(rows, logits):
         row.tokens.append(next_token(row_logits, params, row.generator))
         row.reason = finish_reason(row.tokens, eos, max_new_tokens, stop_when)
@@ -298,7 +298,7 @@ class _Pooled:
         self.phases = {"draft": 0.0, "verify": 0.0, "policy": 0.0}
         self.draft_forwards = 0
 
-    def add_prefill(self, seconds: float, num_rows: int) -> None:
+    def add_prefill(self, seconds: float) -> None:
         self.prefill_seconds += seconds
         self.last_prefill_seconds = seconds
         self.prefills += 1

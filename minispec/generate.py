@@ -524,9 +524,7 @@ def _run_batch(args: GenerateArgs, progress: _BatchProgress, model, tokenizer, d
             raise
         raise type(err)(f"--prompt-file {args.prompt_file} line {lines[int(index[8:])][0]}: {reason}") from None
     progress.finish([result.finish_reason for result in batch])
-    stats = dict(batch.stats)
-    if drafter is not None:
-        stats.update(policy=policy.name, gamma=args.gamma)
+    stats = dict(batch.stats)  # pooled; names the drafter, policy and gamma when there is a draft
     results = []
     for i, result in enumerate(batch):
         if args.policy in DROPMATCH_POLICIES:

@@ -63,8 +63,7 @@ class RaggedKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_seq_len = max_seq_len
-        self.lengths: list[int] = [0] * batch_size  # valid positions per row
-        self._lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # the same, as a tensor
+        self._set_lengths([0] * batch_size)  # lengths: valid positions per row (and _lengths, as a tensor)
 
     @property
     def num_layers(self) -> int:
@@ -77,6 +76,7 @@ class RaggedKVCache:
     def _set_lengths(self, lengths: list[int]) -> None:
         self.lengths = lengths
         self._lengths = torch.tensor(lengths, dtype=torch.long, device=self.k[0].device)
+        self._write_index = None  # (rows [B, 1], positions [B, T]) of the next pass, built by its first write
 
     def check_room(self, num_new: int) -> None:
         """Raise CacheOverflowError unless `num_new` more positions fit in every row."""
@@ -112,8 +112,10 @@ class RaggedKVCache:
         span = max(self.lengths, default=0) + num_new
         if span > self.max_seq_len:  # the model checks first; this guards direct callers
             self.check_room(num_new)
-        rows = torch.arange(self.batch_size, device=k_new.device)[:, None]  # [B, 1]
-        cols = self.positions(num_new)  # [B, T]
+        if self._write_index is None or self._write_index[1].shape[1] != num_new:  # once per pass, not per layer
+            self._write_index = (torch.arange(self.batch_size, device=k_new.device)[:, None],  # [B, 1]
+                                 self.positions(num_new))  # [B, T]
+        rows, cols = self._write_index
         # advanced indices on dims 0 and 2 put them first: the target is [B, T, n_kv_heads, head_dim]
         self.k[layer][rows, :, cols] = k_new.transpose(1, 2)
         self.v[layer][rows, :, cols] = v_new.transpose(1, 2)
