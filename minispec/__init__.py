@@ -1,22 +1,32 @@
 """minispec: a minimal, property-tested PyTorch reference for speculative decoding.
 
-Reading order (each file one concept; its docstring gives the math):
+Reading guide: three chapters, each read after what it depends on; each file one concept, its
+docstring gives the math.
 
- 1. speculative.py         the loop: prefill, draft, verify gamma+1 rows, decide, roll back; stats.py: tau and co.
- 1b. tree.py, tree_speculative.py   the same loop over draft trees: one pass scores every branch
- 1c. batch.py              the same loop over a batch of prompts, each row at its own length
-                           (ragged_cache.py: per-row lengths and masks; batch_drafters.py: drafting per row)
- 2. acceptance/base.py     what a policy sees and returns; then exact.py, sampling.py, typical.py,
-                           dropmatch.py (Algorithm 1 as written) and dropmatch_lazy.py (its exact shortcuts)
- 3. drafters.py            the drafter interface and its kinds: draft model, self-draft, early exit, n-gram
- 4. model.py               the Llama / Qwen2 / Qwen3 transformer; kv_cache.py, the cache that rolls back
- 5. config.py, checkpoint.py, tokenizer.py, sampling.py    a Hugging Face folder in, logits to p and q
- 6. generate.py            the CLI (cli.py: what every command line shares); trace.py, the --trace printer
- 7. testing/               the invariants as a library: check_policy, check_cache, watch_caches
+Chapter 1, the chain: the loop, and everything the other chapters build on
+  speculative.py        the loop: prefill, draft, verify gamma+1 rows, decide, roll back
+  loop.py, stats.py     what every loop shares (results, checks, commit); tau and the rest, defined once
+  acceptance/           base.py: what a policy sees and returns; exact.py, sampling.py, typical.py,
+                        dropmatch.py (Algorithm 1 as written), dropmatch_lazy.py (its exact shortcuts)
+  drafters.py           the drafter interface and its kinds; draft_length.py: how many to draft
+  model.py, kv_cache.py the Llama / Qwen2 / Qwen3 transformer, and the cache that rolls back
+  config.py, checkpoint.py, tokenizer.py, sampling.py   a Hugging Face folder in, logits to p and q
+Chapter 2, trees (after chapter 1): one pass scores every branch
+  tree.py               a draft tree: parents, depths, positions and the ancestors-only mask
+  tree_drafters.py      n-gram and model trees (static, or EAGLE-2's dynamic); TreeSpec
+  tree_speculative.py   the loop over trees
+  acceptance/trees.py   each policy as a walk down the tree, in a registry a policy can join
+Chapter 3, batches (after chapter 1): several prompts, each row exactly as if alone
+  ragged_cache.py       one cache, a length, positions and a mask per row
+  batch_drafters.py     drafting for every row at once
+  batch.py              the loop over a batch
+Above the chapters: decode.py (generate, the front door that hands off to a chapter),
+generate/ (the CLI: flags.py, run.py, printing.py; trace.py prints --trace) and testing/ (the
+invariants as a library: check_policy, check_cache, watch_caches).
 
 Beside the reading path: kernels/ (the same model made fast on CPU, one call away:
-kernels.apply(model, "fast")), weights.py (fetch + convert the default checkpoint), and the
-benchmarks in scripts/.
+kernels.apply(model, "fast")), weights.py (fetch + convert the default checkpoint), hub.py (hub
+repo ids), and the benchmarks in scripts/.
 """
 
 from importlib import import_module
@@ -25,7 +35,8 @@ from importlib import import_module
 # lines do not wait for torch.
 _LAZY = {"load_model": "minispec.checkpoint", "ModelConfig": "minispec.config", "KVCache": "minispec.kv_cache",
          "Transformer": "minispec.model", "load_tokenizer": "minispec.tokenizer",
-         "RaggedKVCache": "minispec.ragged_cache", "generate_batch": "minispec.batch"}
+         "RaggedKVCache": "minispec.ragged_cache", "generate_batch": "minispec.batch",
+         "generate_tree": "minispec.tree_speculative"}
 from minispec.errors import MinispecError  # noqa: E402 (no torch)
 
 
@@ -38,5 +49,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["load_model", "load_tokenizer", "ModelConfig", "KVCache", "RaggedKVCache", "Transformer", "generate_batch",
-           "MinispecError"]
+           "generate_tree", "MinispecError"]
 __version__ = "0.1.0"

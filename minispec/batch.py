@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from numbers import Integral
 from typing import Callable, Sequence
 
 import torch
@@ -41,19 +40,24 @@ import torch
 from minispec import acceptance, draft_length as draft_lengths
 from minispec.acceptance.base import AcceptancePolicy
 from minispec.batch_drafters import BatchDrafter, make_batch_drafter
+from minispec.checks import check_gamma, is_int, positive_int
 from minispec.draft_length import DraftLength
 from minispec.drafters import Draft
 from minispec.errors import MinispecError
+from minispec.loop import (GenerationResult, StopCondition, check_eos, check_prompt, check_seed, commit, finish_reason,
+                           record_step, refuse, verify_input)
 from minispec.model import Transformer
-from minispec.ragged_cache import PAD_ID, feed_ragged
+from minispec.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
 from minispec.sampling import SamplingParams, next_token
-from minispec.speculative import (GenerationResult, StopCondition, _check_eos, _check_prompt, _check_seed, commit,
-                                  finish_reason, record_step, verify_input)
-from minispec.stats import PhaseTimer, StepStats, timing_stats
+from minispec.stats import PhaseTimer, StepStats, run_stats
 
 # Called with each row's newly emitted tokens: on_tokens(prompt_index, tokens, num_accepted, num_proposed)
 # (the chain's TokenCallback with the prompt's index in front).
 BatchTokenCallback = Callable[[int, list[int], int, int], None]
+
+# Called once per prompt, as soon as its row has finished: on_finish(prompt_index, result), with the
+# GenerationResult that the BatchResult will hold for it (its finish_reason among its stats).
+FinishCallback = Callable[[int, GenerationResult], None]
 
 
 @dataclass
@@ -89,6 +93,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     reason: str | None = None
     seconds: float = 0.0  # from the batch's start to this row's last token
+    result: GenerationResult | None = None  # set once the row has finished
 
     @property
     def seq(self) -> list[int]:
@@ -113,6 +118,9 @@ def generate_batch(
     on_tokens: BatchTokenCallback | None = None,
     stop_when: StopCondition | None = None,
     batch_size: int | None = None,
+    on_finish: FinishCallback | None = None,
+    tree=None,
+    on_step=None,
 ) -> BatchResult:
     """Generate after each of `prompts` (lists of token ids, any lengths); one result per prompt.
 
@@ -122,32 +130,39 @@ def generate_batch(
     batch_size: the most rows decoded together; the prompts run in consecutive groups of that
       size (None: all at once).
     on_tokens(prompt_index, tokens, num_accepted, num_proposed): streaming, per row.
+    on_finish(prompt_index, result): called once per prompt, when its row finishes.
     stop_when(tokens): checked for each row after each of its new tokens.
     draft: None, a spec string, a model, a Drafter (copied per row unless it is a plain model
-      drafter, which is batched) or a BatchDrafter. Trees are not batched.
+      drafter, which is batched) or a BatchDrafter. Trees and on_step are not batched: anything
+      but None is a one-line error.
+    A mistake in one prompt raises a MinispecError whose prompt_index says which (from 0).
     """
-    prompts = _check_prompts(target, prompts, max_new_tokens)
-    seeds = _check_seeds(seed, len(prompts))
-    if batch_size is None:
-        batch_size = len(prompts)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
-        raise MinispecError(f"batch_size = {batch_size!r}; expected an integer >= 1")
+    refuse("with several prompts (a batch decodes chains)", tree=tree, on_step=on_step)
+    prompts = check_prompts(target, prompts, max_new_tokens)
+    seeds = check_seeds(seed, len(prompts))
+    batch_size = len(prompts) if batch_size is None else positive_int(batch_size, "batch_size")
     params = SamplingParams(temperature, top_k, top_p)
-    eos = set(target.config.eos_token_ids if eos_token_ids is None else _check_eos(target, eos_token_ids))
+    eos = check_eos(target, eos_token_ids)
     drafter = make_batch_drafter(draft, target)
     if drafter is not None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise MinispecError(f"gamma = {gamma!r}; expected an integer >= 1")
+        gamma = check_gamma(gamma)
         policy = acceptance.get(policy)
         schedule = draft_lengths.get(draft_length, gamma)
 
     results: list[GenerationResult] = []
     pooled = _Pooled(max(1, min(gamma, max_new_tokens - 1)) if drafter is not None else 1)
+
+    def finished(row: _Row) -> None:
+        """Row `row` is done: its result, then the caller's on_finish."""
+        row.result = _row_result(row, pooled.last_prefill_seconds, drafter, policy if drafter else None, gamma)
+        if on_finish is not None:
+            on_finish(row.index, row.result)
+
     for first in range(0, len(prompts), batch_size):
         rows = [_Row(i, prompts[i], torch.Generator(device="cpu").manual_seed(seeds[i]))
                 for i in range(first, min(first + batch_size, len(prompts)))]
         if drafter is None:
-            plain_decode_batch(target, rows, max_new_tokens, params, eos, on_tokens, stop_when, pooled)
+            plain_decode_batch(target, rows, max_new_tokens, params, eos, on_tokens, stop_when, pooled, finished)
         else:
             for row in rows:
                 row.policy = copy.deepcopy(policy)  # own state, own mask generator
@@ -156,16 +171,16 @@ def generate_batch(
                 row.draft_length.reset()
                 row.steps = StepStats(max(1, min(gamma, max_new_tokens - 1)))
             speculative_decode_batch(target, drafter, rows, gamma, max_new_tokens, params, eos, on_tokens,
-                                     stop_when, pooled)
-        results += [_row_result(row, pooled.last_prefill_seconds, drafter, policy if drafter else None, gamma)
-                    for row in rows]
+                                     stop_when, pooled, finished)
+        results += [row.result for row in rows]
     return BatchResult(results, pooled.summary(batch_size, drafter, policy if drafter else None, gamma, results))
 
 
 def plain_decode_batch(target: Transformer, rows: list[_Row], max_new_tokens: int, params: SamplingParams,
-                       eos: set[int], on_tokens, stop_when, pooled: "_Pooled") -> None:
+                       eos: set[int], on_tokens, stop_when, pooled: "_Pooled",
+                       finished: Callable[[_Row], None]) -> None:
     """Plain decoding of every row: one target pass of [R, 1] per step for the R rows still running."""
-    cache = target.new_cache(len(rows), max(len(r.prompt) for r in rows) + max_new_tokens, ragged=True)
+    cache = target.new_cache(len(rows), max(len(r.prompt) for r in rows) + max_new_tokens, cache_class=RaggedKVCache)
     t0 = time.perf_counter()
     logits = feed_ragged(target, [row.prompt for row in rows], cache)  # [B, V]: each row's last prompt token
     pooled.add_prefill(time.perf_counter() - t0)
@@ -178,7 +193,7 @@ def plain_decode_batch(target: Transformer, rows: list[_Row], max_new_tokens: in
             row.seconds = time.perf_counter() - t0
             if on_tokens is not None:
                 on_tokens(row.index, [token], 0, 0)
-        running = _drop_finished(running, cache)
+        running = _drop_finished(running, cache, finished)
         if not running:
             break
         ids = torch.tensor([[row.tokens[-1]] for row in running], device=target.device)  # [R, 1]
@@ -189,7 +204,7 @@ def plain_decode_batch(target: Transformer, rows: list[_Row], max_new_tokens: in
 
 def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: list[_Row], gamma: int,
                              max_new_tokens: int, params: SamplingParams, eos: set[int], on_tokens, stop_when,
-                             pooled: "_Pooled") -> None:
+                             pooled: "_Pooled", finished: Callable[[_Row], None]) -> None:
     """The draft-then-verify loop over a batch (module docstring). Per row, at the top of every step:
 
         seq_r   = prompt_r + tokens_r         everything row r committed so far
@@ -199,7 +214,7 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
     # A row's verify pass is padded to the longest draft of the step: gamma more positions than
     # the chain loop's prompt + max_new_tokens cover it.
     max_len = max(len(r.prompt) for r in rows) + max_new_tokens + gamma
-    cache = target.new_cache(len(rows), max_len, ragged=True)
+    cache = target.new_cache(len(rows), max_len, cache_class=RaggedKVCache)
     drafter.start(len(rows), max_len, target_cache=cache)
     timer = PhaseTimer("draft", "verify", "policy")
 
@@ -212,7 +227,7 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
         row.seconds = time.perf_counter() - t0
         if on_tokens is not None:
             on_tokens(row.index, row.tokens[:], 0, 0)
-    running = _drop_finished(rows, cache, drafter)
+    running = _drop_finished(rows, cache, finished, drafter)
 
     while running:
         seqs = [row.seq for row in running]
@@ -258,7 +273,7 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
             if on_tokens is not None:
                 on_tokens(row.index, emitted, min(n, len(emitted)), g)
         pooled.add_pass(len(running))
-        running = _drop_finished(running, cache, drafter)
+        running = _drop_finished(running, cache, finished, drafter)
 
     pooled.add_seconds(time.perf_counter() - t0)
     pooled.add_timer(timer, drafter)
@@ -278,9 +293,14 @@ def score_rows(head: Callable[[torch.Tensor], torch.Tensor], policies: list[Acce
             for target_logits, extra in zip(parts[:len(hidden_rows)], extras)]
 
 
-def _drop_finished(running: list[_Row], cache, drafter: BatchDrafter | None = None) -> list[_Row]:
-    """The rows still going; the finished ones leave the cache (and the drafter's) for good."""
+def _drop_finished(running: list[_Row], cache, finished: Callable[[_Row], None],
+                   drafter: BatchDrafter | None = None) -> list[_Row]:
+    """The rows still going; the finished ones are reported (`finished`) and leave the cache (and
+    the drafter's) for good."""
     keep = [i for i, row in enumerate(running) if row.reason is None]
+    for row in running:
+        if row.reason is not None:
+            finished(row)
     if len(keep) < len(running) and keep:
         cache.keep_rows(keep)
         if drafter is not None:
@@ -341,17 +361,13 @@ class _Pooled:
 
 def _row_result(row: _Row, prefill_seconds: float, drafter, policy, gamma: int) -> GenerationResult:
     """Row r's GenerationResult: its own counts, timed from its batch's start to its last token."""
-    stats = timing_stats(len(row.prompt), len(row.tokens), prefill_seconds, row.seconds)
-    if drafter is None:
-        stats.update(tau=1.0, finish_reason=row.reason)
-    else:
-        stats.update(row.steps.summary())
-        stats.update(drafter=drafter.name, policy=policy.name, gamma=gamma, draft_length=row.draft_length.name,
-                     finish_reason=row.reason)
+    named = {} if drafter is None else dict(drafter=drafter.name, policy=policy.name, gamma=gamma,
+                                            draft_length=row.draft_length.name)
+    stats = run_stats(len(row.prompt), len(row.tokens), prefill_seconds, row.seconds, row.reason, row.steps, **named)
     return GenerationResult(tokens=row.tokens, stats=stats)
 
 
-def _check_prompts(target: Transformer, prompts, max_new_tokens: int) -> list[list[int]]:
+def check_prompts(target: Transformer, prompts, max_new_tokens: int) -> list[list[int]]:
     """A non-empty list of prompts, each checked as generate checks one (one-line errors naming the prompt)."""
     if isinstance(prompts, torch.Tensor):
         if prompts.dim() != 2:
@@ -365,18 +381,19 @@ def _check_prompts(target: Transformer, prompts, max_new_tokens: int) -> list[li
     checked = []
     for i, prompt in enumerate(prompts):
         try:
-            checked.append(_check_prompt(target, prompt, max_new_tokens))
+            checked.append(check_prompt(target, prompt, max_new_tokens))
         except MinispecError as err:
-            raise type(err)(f"prompts[{i}]: {err}") from None
+            raise err.for_prompt(i) from None
     return checked
 
 
-def _check_seeds(seed, num_prompts: int) -> list[int]:
-    if isinstance(seed, Integral) and not isinstance(seed, bool):
-        return [_check_seed(seed)] * num_prompts
+def check_seeds(seed, num_prompts: int) -> list[int]:
+    """One seed per prompt: `seed` for every prompt, or a list of num_prompts seeds."""
+    if is_int(seed):
+        return [check_seed(seed)] * num_prompts
     if not isinstance(seed, Sequence) or isinstance(seed, (str, bytes)) or len(seed) != num_prompts:
         raise MinispecError(f"seed = {seed!r}; expected an integer, or a list of {num_prompts} integers (one per prompt)")
-    return [_check_seed(s) for s in seed]
+    return [check_seed(s) for s in seed]
 
 
 def is_batch(prompt_ids) -> bool:

@@ -77,7 +77,7 @@ class BatchModelDrafter(BatchDrafter):
         self.forwards = 0
         self.shares_target_cache = self.share_cache and target_cache is not None and self._fits(target_cache)
         self.cache = target_cache if self.shares_target_cache else \
-            self.model.new_cache(batch_size, max_seq_len, num_layers=self.num_layers, ragged=True)
+            self.model.new_cache(batch_size, max_seq_len, num_layers=self.num_layers, cache_class=RaggedKVCache)
 
     def _feed(self, chunks: list[list[int]]) -> torch.Tensor:
         self.forwards += 1

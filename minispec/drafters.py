@@ -59,6 +59,7 @@ class Drafter(ABC):
     """Interface for everything that proposes draft tokens to the speculative loop."""
 
     name = "drafter"  # how stats and traces name it
+    model: Transformer | None = None  # the model it drafts with, if any (minispec.kernels.apply_drafter rewrites it)
     forwards = 0  # model forward passes made so far (for stats)
     shares_target_cache = False  # True while it drafts on the target's own KV cache (see ModelDrafter)
 

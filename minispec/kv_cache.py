@@ -11,7 +11,8 @@ num_kv_heads wide, not num_heads wide:
     k[layer]: [B, n_kv_heads, max_seq_len, head_dim]
     v[layer]: [B, n_kv_heads, max_seq_len, head_dim]
 
-A forward pass of T tokens at offset `start = cache.length` writes positions [start, start+T)
+A forward pass of T tokens at offset `start = cache.length` asks the cache where they go
+(`positions`: start..start+T-1, and `mask`: causal from start), writes positions [start, start+T)
 in every layer (`write`) and then advances `length` once (`advance`). Writing past max_seq_len
 raises CacheOverflowError; it never wraps or silently drops entries.
 """
@@ -21,6 +22,20 @@ from __future__ import annotations
 import torch
 
 from minispec.errors import CacheOverflowError
+
+
+def causal_mask(start: int, num_new: int, device: torch.device) -> torch.Tensor | None:
+    """Which cached positions each new token may attend to: [T, start+T] bool, or None.
+
+    New token i sits at absolute position start+i and sees keys j <= start+i. The first
+    `start` columns (the cache) are all visible; only j > start+i is masked. A single new
+    token sees everything, so no mask is needed (and SDPA takes its fastest path).
+    """
+    if num_new == 1:
+        return None
+    query_pos = torch.arange(start, start + num_new, device=device)[:, None]  # [T, 1]
+    key_pos = torch.arange(start + num_new, device=device)[None, :]  # [1, S]
+    return key_pos <= query_pos  # [T, S]
 
 
 class KVCache:
@@ -62,6 +77,14 @@ class KVCache:
                 f"KV cache: {self.length} cached + {num_new} new tokens exceeds max_seq_len={self.max_seq_len}; "
                 f"create the cache with a larger max_seq_len"
             )
+
+    def positions(self, num_new: int) -> torch.Tensor:
+        """Absolute positions of the next `num_new` tokens: [T] = length .. length+T-1 (what RoPE rotates by)."""
+        return torch.arange(self.length, self.length + num_new, device=self.k[0].device)
+
+    def mask(self, num_new: int) -> torch.Tensor | None:
+        """Which keys the next `num_new` tokens may attend to: causal_mask(length, T)."""
+        return causal_mask(self.length, num_new, self.k[0].device)
 
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store new keys/values of one layer at [length, length+T); return all valid ones.

@@ -23,8 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minispec.config import ModelConfig, RopeScaling
-from minispec.kv_cache import KVCache
-from minispec.ragged_cache import RaggedKVCache
+from minispec.kv_cache import KVCache, causal_mask
 
 
 class RMSNorm(nn.Module):
@@ -118,7 +117,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,  # [T, head_dim]
         sin: torch.Tensor,  # [T, head_dim]
         mask: torch.Tensor | None,  # [T, S] or [B, 1, T, S] bool, True = may attend; None = all (single query)
-        cache: KVCache | RaggedKVCache | None,
+        cache: KVCache | None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)  # [B, T, H, hd]
@@ -167,20 +166,6 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-def causal_mask(start: int, num_new: int, device: torch.device) -> torch.Tensor | None:
-    """Which cached positions each new token may attend to: [T, start+T] bool, or None.
-
-    New token i sits at absolute position start+i and sees keys j <= start+i. The first
-    `start` columns (the cache) are all visible; only j > start+i is masked. A single new
-    token sees everything, so no mask is needed (and SDPA takes its fastest path).
-    """
-    if num_new == 1:
-        return None
-    query_pos = torch.arange(start, start + num_new, device=device)[:, None]  # [T, 1]
-    key_pos = torch.arange(start + num_new, device=device)[None, :]  # [1, S]
-    return key_pos <= query_pos  # [T, S]
-
-
 # --------------------------------------------------------------------------- the transformer
 
 
@@ -209,28 +194,29 @@ class Transformer(nn.Module):
         return self.embed_tokens.weight.device
 
     def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None, num_layers: int | None = None,
-                  *, ragged: bool = False) -> KVCache | RaggedKVCache:
-        """An empty KVCache for this model (a RaggedKVCache with ragged=True): the one way to build one.
+                  *, cache_class: type = KVCache):
+        """An empty KVCache for this model (or another class with its constructor, e.g. a batch's
+        minispec.ragged_cache.RaggedKVCache): the one way to build one.
 
         max_seq_len defaults to max_position_embeddings; num_layers (an early-exit draft's N)
         defaults to every layer. K/V are stored in the activations' dtype, here the weights'.
         """
         c = self.config
-        cls = RaggedKVCache if ragged else KVCache
-        return cls(
+        return cache_class(
             num_layers or c.num_layers, batch_size, c.num_kv_heads, max_seq_len or c.max_position_embeddings,
             c.head_dim, dtype=self.dtype, device=self.device,
         )
 
     def forward_hidden(
-        self, input_ids: torch.Tensor, cache: KVCache | RaggedKVCache | None = None, *,
+        self, input_ids: torch.Tensor, cache: KVCache | None = None, *,
         num_layers: int | None = None, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final hidden states (after the final norm, i.e. the LM-head input): [B, T, d].
 
-        input_ids: [B, T]. With a cache, the tokens go at positions [cache.length, cache.length+T)
-        and the cache advances by T; with a RaggedKVCache, row b's go at [lengths[b], lengths[b]+T)
-        under the cache's per-row mask (minispec.ragged_cache). `num_layers` runs only the first
+        input_ids: [B, T]. With a cache, the tokens go where the cache says (`cache.positions(T)`,
+        under `cache.mask(T)`: a KVCache puts them at [length, length+T), causally; a batch's
+        RaggedKVCache puts row b's at [lengths[b], lengths[b]+T)) and the cache advances by T.
+        Without one they are positions 0..T-1. `num_layers` runs only the first
         N blocks (early exit); the cache must then have at least N layers. A draft tree
         (minispec.tree) passes its own RoPE `positions` [T] (by depth) and attention `mask`
         [T, start+T] (ancestors only); the keys and values still go into the cache in row order.
@@ -239,12 +225,10 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.check_room(T)
         x = self.embed_tokens(input_ids)  # [B, T, d]; its dtype is the activations' dtype
-        if isinstance(cache, RaggedKVCache):  # every row at its own offset
-            positions, mask = cache.positions(T), cache.mask(T)  # [B, T], [B, 1, T, S]
+        if positions is None and cache is not None:  # where the cache puts them: [T] or [B, T], and their mask
+            positions, mask = cache.positions(T), cache.mask(T)
         elif positions is None:
-            start = 0 if cache is None else cache.length
-            positions = torch.arange(start, start + T, device=input_ids.device)
-            mask = causal_mask(start, T, input_ids.device)
+            positions, mask = torch.arange(T, device=input_ids.device), causal_mask(0, T, input_ids.device)
         cos, sin = rope_cos_sin(positions, self._inv_freq.to(input_ids.device), x.dtype)
         if cos.dim() == 3:  # per-row positions: [B, T, hd] -> [B, 1, T, hd], broadcast over heads
             cos, sin = cos[:, None], sin[:, None]

@@ -115,3 +115,21 @@ def timing_stats(num_prompt: int, num_generated: int, prefill_seconds: float, to
         # after the prefill: the tokens after the first (which the prefill itself yields)
         "decode_tokens_per_second": (num_generated - 1) / decode_seconds if decode_seconds > 0 else float("inf"),
     }
+
+
+def run_stats(num_prompt: int, num_generated: int, prefill_seconds: float, total_seconds: float, finish_reason: str,
+              steps: StepStats | None = None, timer: PhaseTimer | None = None, **named) -> dict:
+    """The stats of one generation, built the same way by every loop (chain, tree, a batch's row):
+
+        timing_stats    throughput, prefill included
+        steps.summary   tau, acceptance, ... (None: plain decoding, tau = 1)
+        timer.totals    `<phase>_seconds` for each phase of a step (draft, verify, policy)
+        named           what else names the run (drafter, policy, gamma, forwards, ...)
+        finish_reason   "eos" | "length" | "stop"
+    """
+    stats = timing_stats(num_prompt, num_generated, prefill_seconds, total_seconds)
+    stats.update(steps.summary() if steps is not None else {"tau": 1.0})
+    if timer is not None:
+        stats.update({f"{phase}_seconds": seconds for phase, seconds in timer.totals.items()})
+    stats.update(named, finish_reason=finish_reason)
+    return stats

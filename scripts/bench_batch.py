@@ -241,10 +241,12 @@ def pass_costs(target, batch_sizes, widths, context: int, reps: int = 10) -> lis
     """ms of one target pass of [B, k] new tokens (blocks + the LM head on all B*k rows, as a
     verify scores them) with every row holding `context` positions; the cache is rolled back after
     each pass. The cached keys are zeros: what they hold does not change the cost."""
+    from minispec.ragged_cache import RaggedKVCache
+
     rows = []
     with torch.inference_mode():
         for batch_size in batch_sizes:
-            cache = target.new_cache(batch_size, context + max(widths), ragged=True)
+            cache = target.new_cache(batch_size, context + max(widths), cache_class=RaggedKVCache)
             cache.advance(context)
 
             def one_pass(k, batch_size=batch_size, cache=cache):

@@ -20,14 +20,6 @@ Early-exit drafters use the target's first L layers + norm + head, L from --laye
     sA-B-C      ModelTreeDrafter(branching=(A, B, C)): static, every node at depth d gets the d-th count
                 of children, each level cut at the budget (best path probability first)
     SHAPE@B     that shape at budget B only (e.g. s8-1@16); without @B a shape runs at every budget
-    t:PATH      PROTOTYPE (TopologyTreeDrafter below, not in minispec): a fixed tree of draft ranks read from
-                the JSON file PATH (a list of rank tuples in priority order, or {"<layer>": list}); budget B
-                takes the first B tuples. out/tree_shapes/rank_analysis.py fits such lists.
-    gWkK[rR]    PROTOTYPE (RerankTreeDrafter below, not in minispec): EAGLE-2's expand-then-rerank. The
-                root gets its top-R children (R = K if not given); then per level the W most probable
-                paths get their top-K children, --depth levels, nothing cut; then the B nodes with the
-                highest path probability over ALL levels form the tree (a parent always outranks its
-                children, so they are a tree). Greedy only.
 
 --dropmatch P adds, for every tree configuration, the same tree walked by DropMatch's naive
 rule (the paper's rule on EAGLE3 trees: accept a node whose token is one of the K = --paths
@@ -50,10 +42,8 @@ Writes bench_trees.json and .md to --out (default out/bench_trees/).
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
-from pathlib import Path
 
 import benchlib
 from benchlib import fmt, md_table, median, ratio
@@ -64,29 +54,20 @@ from minispec.cli import ranged  # noqa: E402
 
 PROG = "bench_trees"
 SKIPPABLE = ("plain", "ngram")
-SHAPE = re.compile(r"^(?:w(?P<w>\d+)k(?P<wk>\d+)|s(?P<s>\d+(?:-\d+)*)|g(?P<g>\d+)k(?P<gk>\d+)(?:r(?P<gr>\d+))?)"
-                   r"(?:@(?P<at>\d+))?$")
+SHAPE = re.compile(r"^(?:w(?P<w>\d+)k(?P<wk>\d+)|s(?P<s>\d+(?:-\d+)*))(?:@(?P<at>\d+))?$")
 
 
 def parse_shape(text: str) -> dict:
-    """'w4k4' / 's8-2-1' / 'g4k4r16' -> {'kind': 'dynamic'|'static'|'rerank', ...}; ValueError if malformed."""
+    """'w4k4' / 's8-2-1' -> {'kind': 'dynamic'|'static', ...}; ValueError if malformed."""
     m = SHAPE.match(text)
-    if text.startswith("t:"):  # t:PATH[@B]
-        path, _, at = text[2:].partition("@")
-        if not path or (at and not (at.isdigit() and int(at) >= 1)):
-            raise ValueError(text)
-        return {"name": "t:" + Path(path).stem, "kind": "topology", "path": path, "width": None, "at": int(at) if at else None}
     if m is None:
         raise ValueError(text)
     if m["w"] is not None:
         shape = {"kind": "dynamic", "width": int(m["w"]), "branching": (int(m["wk"]),)}
-    elif m["s"] is not None:
-        shape = {"kind": "static", "width": None, "branching": tuple(int(k) for k in m["s"].split("-"))}
     else:
-        k = int(m["gk"])
-        shape = {"kind": "rerank", "width": int(m["g"]), "top_k": k, "root": int(m["gr"]) if m["gr"] else k}
+        shape = {"kind": "static", "width": None, "branching": tuple(int(k) for k in m["s"].split("-"))}
     shape["at"] = int(m["at"]) if m["at"] else None
-    counts = (shape["width"], *shape.get("branching", ()), shape.get("top_k"), shape.get("root"), shape["at"])
+    counts = (shape["width"], *shape["branching"], shape["at"])
     if any(v is not None and v < 1 for v in counts):
         raise ValueError(text)
     return {"name": text.split("@")[0], **shape}
@@ -97,9 +78,8 @@ def shape_list(text: str) -> tuple[dict, ...]:
     try:
         shapes = tuple(parse_shape(s) for s in names)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--shapes = {text!r}: bad shape {e.args[0]!r}; expected wWkK (dynamic), "
-                                          "sA-B-C (static), gWkK[rR] (rerank prototype) or t:PATH (topology "
-                                          "prototype), e.g. w4k4,s16-1,g4k4r16")
+        raise argparse.ArgumentTypeError(f"--shapes = {text!r}: bad shape {e.args[0]!r}; expected wWkK (dynamic) or "
+                                          "sA-B-C (static), e.g. w4k4,s16-1")
     if not shapes:
         raise argparse.ArgumentTypeError(f"--shapes = {text!r}; expected at least one shape")
     return shapes
@@ -118,7 +98,7 @@ def build_parser():
     p.add_argument("--layers", type=benchlib.number_list(int, "--layers", lo=1), default="24",
                    help="early exit after each of these layers, comma-separated")
     p.add_argument("--shapes", type=shape_list, default="w4k4",
-                   help="early-exit tree shapes, comma-separated: wWkK, sA-B-C, gWkK[rR] (see the docstring)")
+                   help="early-exit tree shapes, comma-separated: wWkK, sA-B-C (see the docstring)")
     p.add_argument("--chain-gammas", type=benchlib.number_list(int, "--chain-gammas", lo=1), default=None,
                    help="early-exit chains at these gammas (if not given: gamma = each budget)")
     p.add_argument("--skip", type=benchlib.name_list("--skip", SKIPPABLE), default=None,
@@ -141,114 +121,9 @@ def render(result: dict) -> str:
                       "Accepted depth (nodes accepted per step, summed over prompts):", "", result["depth_table"], ""])
 
 
-class RerankTreeDrafter:
-    """PROTOTYPE of a shape ModelTreeDrafter cannot express (EAGLE-2's expand-then-rerank, with a
-    root width of its own). Greedy (T = 0) only. Built on a ModelTreeDrafter for its cache and its
-    `_hidden`; see the module docstring (gWkK[rR]) for the shape."""
-
-    def __init__(self, model, *, num_layers: int, width: int, top_k: int, root: int, name: str) -> None:
-        from minispec.tree_speculative import ModelTreeDrafter
-        self.base = ModelTreeDrafter(model, num_layers=num_layers, branching=(top_k,), width=width)
-        self.model, self.width, self.top_k, self.root, self.name = model, width, top_k, root, name
-
-    def start(self, max_seq_len: int) -> None:
-        # the expansion holds more nodes than the budget: room for `root` + W * K per level, up to 32 levels
-        self.base.start(max_seq_len + self.root + 32 * self.width * self.top_k)
-
-    def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
-        from minispec.errors import MinispecError
-        from minispec.tree import DraftTree
-        if params is not None and not params.greedy:
-            raise MinispecError("RerankTreeDrafter: greedy only")
-        base, model, cache = self.base, self.model, self.base.cache
-        cache.truncate(min(cache.length, len(context) - 1))
-        root_logits = model.head(base._hidden(context[cache.length:])[-1])  # [V]
-        start = cache.length  # == len(context)
-        tokens, parents, rows, scores = [], [], [], []
-        frontier = [(-1, root_logits.float(), 0.0)]
-        for level in range(depth):
-            k = self.root if level == 0 else self.top_k
-            first_new = len(tokens)
-            for node, logits, score in sorted(frontier, key=lambda f: -f[2])[: self.width if level else 1]:
-                q = torch.softmax(logits, dim=-1)
-                top = torch.topk(q, min(k, vocab_size))
-                for token, prob in zip(top.indices.tolist(), top.values.tolist()):
-                    tokens.append(token)
-                    parents.append(node)
-                    rows.append(q)
-                    scores.append(score + math.log(max(prob, 1e-300)))
-            if level + 1 == depth or level + 1 == 32:
-                break
-            logits = base.feed_level(DraftTree(tokens, parents, torch.stack(rows)), first_new, start)  # [m, V]
-            frontier = [(first_new + j, logits[j].float(), scores[first_new + j]) for j in range(len(logits))]
-        cache.truncate(start)
-        # rerank: the `budget` best paths over all levels (ties: the earlier node, so a parent before its child)
-        keep = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], i))[:budget])
-        new_index = {old: new for new, old in enumerate(keep)}
-        return DraftTree([tokens[i] for i in keep], [new_index.get(parents[i], -1) for i in keep],
-                         torch.stack([rows[i] for i in keep]) if keep else torch.zeros(0, vocab_size))
-
-
-class TopologyTreeDrafter(RerankTreeDrafter):
-    """PROTOTYPE of a shape ModelTreeDrafter cannot express: a fixed tree of draft RANKS (Medusa /
-    Sequoia style). `topology` lists rank tuples in priority order, each after its prefixes: (1,) is
-    the draft's top-1 after the root, (2, 1) the top-1 after the root's 2nd choice, ... A budget of
-    B takes the first B tuples. Greedy (T = 0) only."""
-
-    def __init__(self, model, *, num_layers: int, topology, name: str) -> None:
-        self.topology = [tuple(t) for t in topology]
-        seen = set()
-        for t in self.topology:
-            if not t or min(t) < 1 or t in seen or (len(t) > 1 and t[:-1] not in seen):
-                raise ValueError(f"{name}: {t} repeats, has a rank < 1, or comes before its prefix")
-            seen.add(t)
-        super().__init__(model, num_layers=num_layers, width=1, top_k=1, root=len(self.topology), name=name)
-
-    def propose_tree(self, context, budget, depth, vocab_size, params=None, generator=None):
-        from minispec.errors import MinispecError
-        from minispec.tree import DraftTree
-        if params is not None and not params.greedy:
-            raise MinispecError("TopologyTreeDrafter: greedy only")
-        chosen = [t for t in self.topology[:budget] if len(t) <= depth]
-        base, model, cache = self.base, self.model, self.base.cache
-        cache.truncate(min(cache.length, len(context) - 1))
-        root_logits = model.head(base._hidden(context[cache.length:])[-1])  # [V]
-        start = cache.length
-        tokens, parents, rows, ranks = [], [], [], []
-        frontier = {(): (-1, root_logits.float())}  # rank tuple -> (node, draft logits there)
-        for level in range(1, depth + 1):
-            first_new = len(tokens)
-            for prefix, (node, logits) in frontier.items():
-                wanted = sorted(t[-1] for t in chosen if len(t) == level and t[:-1] == prefix)
-                if not wanted:
-                    continue
-                q = torch.softmax(logits, dim=-1)
-                top = torch.topk(q, min(max(wanted), vocab_size)).indices.tolist()
-                for r in wanted:
-                    if r <= len(top):
-                        tokens.append(top[r - 1])
-                        parents.append(node)
-                        rows.append(q)
-                        ranks.append(prefix + (r,))
-            if len(tokens) == first_new or not any(len(t) > level for t in chosen):
-                break
-            logits = base.feed_level(DraftTree(tokens, parents, torch.stack(rows)), first_new, start)  # [m, V]
-            frontier = {ranks[first_new + j]: (first_new + j, logits[j].float()) for j in range(len(logits))}
-        cache.truncate(start)
-        return DraftTree(tokens, parents, torch.stack(rows) if rows else torch.zeros(0, vocab_size))
-
-
 def make_drafter(model, layer: int, shape: dict):
-    from minispec.tree_speculative import ModelTreeDrafter
-    if shape["kind"] == "topology":
-        import json
-        with open(shape["path"], encoding="utf-8") as f:
-            topology = json.load(f)
-        topology = topology[str(layer)] if isinstance(topology, dict) else topology
-        return TopologyTreeDrafter(model, num_layers=layer, topology=topology, name=shape["name"])
-    if shape["kind"] == "rerank":
-        return RerankTreeDrafter(model, num_layers=layer, width=shape["width"], top_k=shape["top_k"],
-                                 root=shape["root"], name=f"rerank:{shape['name']}")
+    from minispec.tree_drafters import ModelTreeDrafter
+
     return ModelTreeDrafter(model, num_layers=layer, branching=shape["branching"], width=shape["width"])
 
 
@@ -257,7 +132,8 @@ def measure(args, ckpt) -> dict:
     from minispec import kernels
     from minispec.acceptance import DropMatch
     from minispec.speculative import generate
-    from minispec.tree_speculative import NgramTreeDrafter, generate_tree
+    from minispec.tree_drafters import NgramTreeDrafter
+    from minispec.tree_speculative import generate_tree
 
     skip = set(args.skip or ())
     model = minispec.load_model(ckpt, dtype=torch.float32)
@@ -290,8 +166,8 @@ def measure(args, ckpt) -> dict:
                         {"kind": "tree", "layer": layer, "shape": shape["name"], "budget": budget,
                          "policy": policy_suffix(policy)},
                         lambda ids, b=budget, layer=layer, shape=shape, policy=policy: generate_tree(
-                            model, ids, max_new_tokens=n, budget=b, max_depth=args.depth, eos_token_ids=eos,
-                            drafter=make_drafter(model, layer, shape), policy=policy))
+                            model, ids, max_new_tokens=n, tree=b, gamma=args.depth, eos_token_ids=eos,
+                            draft=make_drafter(model, layer, shape), policy=policy))
     if "ngram" not in skip:
         for budget in args.budgets:
             configs[f"chain ngram g{budget}"] = (
@@ -301,8 +177,8 @@ def measure(args, ckpt) -> dict:
                 configs[f"tree ngram {budget}{policy_suffix(policy)}"] = (
                     {"kind": "ngram tree", "budget": budget, "policy": policy_suffix(policy)},
                     lambda ids, b=budget, policy=policy: generate_tree(
-                        model, ids, max_new_tokens=n, budget=b, max_depth=args.depth, eos_token_ids=eos,
-                        drafter=NgramTreeDrafter(), policy=policy))
+                        model, ids, max_new_tokens=n, tree=b, gamma=args.depth, eos_token_ids=eos,
+                        draft=NgramTreeDrafter(), policy=policy))
 
     loads = [benchlib.load_average()]
     per_config = {name: [] for name in configs}

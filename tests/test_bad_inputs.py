@@ -414,8 +414,8 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
     from minispec.config import ModelConfig
     from minispec.drafters import NgramDrafter
     from minispec.sampling import SamplingParams
-    from minispec.speculative import generate
-    from minispec.tree_speculative import TreeSpec
+    from minispec.decode import generate
+    from minispec.tree_drafters import TreeSpec
     from minispec.weights import convert_gguf
 
     class Namespace(dict):

@@ -19,7 +19,7 @@ from minispec.draft_length import DraftLength
 from minispec.drafters import ModelDrafter
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.sampling import SamplingParams
-from minispec.speculative import generate
+from minispec.decode import generate
 from minispec.testing import (chi_square_p_value, make_ragged_cache_machine, model_configs, random_model, seeds,
                               sequence_distribution, tiny_config)
 from minispec.testing.checks import P_VALUE_FLOOR

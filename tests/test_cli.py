@@ -282,12 +282,12 @@ def test_streamed_text_with_stop_strings_is_the_text_cut_before_the_first(pieces
     and prints exactly the full text cut before the first stop string (StopStrings.cut)."""
     import io
 
-    from minispec.generate import RESET, StopStrings, _Printer
+    from minispec.generate.printing import RESET, Printer, StopStrings
 
     out, saved = io.StringIO(), sys.stdout
     sys.stdout = out
     try:
-        printer = _Printer(_PieceTokenizer(pieces), colour=colour, stops=tuple(stops))
+        printer = Printer(_PieceTokenizer(pieces), colour=colour, stops=tuple(stops))
         for i in range(len(pieces)):
             printer.push([i], int(accepted[i]), 1)  # accepted: green; else a correction, red
         printer.finish()

@@ -22,6 +22,7 @@ from minispec.drafters import ModelDrafter, NgramDrafter, self_draft
 from minispec.errors import MinispecError
 from minispec.kernels import packed
 from minispec.kernels.int8 import Int8Linear
+from minispec.ragged_cache import RaggedKVCache
 from minispec.testing import model_configs, random_model, seeds, tiny_config
 from minispec.tree import DraftTree, tree_mask, tree_positions
 
@@ -66,7 +67,7 @@ def test_fast_ragged_batch_passes_equal_the_reference(cfg, seed, lengths, new):
     gen = torch.Generator().manual_seed(seed)
     rows = [torch.randint(0, cfg.vocab_size, (n + new,), generator=gen).tolist() for n in lengths]
     with torch.no_grad():
-        cache = fast.new_cache(len(rows), max(lengths) + new + 1, ragged=True)
+        cache = fast.new_cache(len(rows), max(lengths) + new + 1, cache_class=RaggedKVCache)
         longest = max(lengths)
         fast(torch.tensor([r[:n] + [0] * (longest - n) for r, n in zip(rows, lengths)]), cache)  # padded prefill
         cache.truncate(lengths)

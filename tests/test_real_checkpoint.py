@@ -24,8 +24,8 @@ import torch
 from minispec import kernels
 from minispec.batch import generate_batch
 from minispec.drafters import make_drafter
-from minispec.speculative import generate
-from minispec.tree_speculative import TreeSpec
+from minispec.decode import generate
+from minispec.tree_drafters import TreeSpec
 
 GOLDEN = Path(__file__).parent / "data" / "golden_smollm2.json"
 ATOL = 2e-4

@@ -12,7 +12,8 @@ import ngram_ceiling  # noqa: E402
 import ngram_tree_ceiling as ntc  # noqa: E402
 
 from minispec.drafters import NgramDrafter  # noqa: E402
-from minispec.tree_speculative import NgramTreeDrafter, generate_tree  # noqa: E402
+from minispec.tree_drafters import NgramTreeDrafter  # noqa: E402
+from minispec.tree_speculative import generate_tree  # noqa: E402
 from minispec.testing import model_configs, random_model, seeds  # noqa: E402
 
 VOCAB = 12
@@ -28,8 +29,8 @@ def test_tree_replay_equals_generate_tree(cfg, seed, budget, depth, prompt):
     run = ntc.record(model, prompt, max_new_tokens=20, eos=[], layer=cfg.num_layers, k=2)
     assert [top[0] for top in run.target_top] == run.greedy
     assert run.exit_top == run.target_top  # early exit after every layer is the target
-    out = generate_tree(model, prompt, max_new_tokens=20, drafter=NgramTreeDrafter(3, 1), budget=budget,
-                        max_depth=depth, eos_token_ids=[])
+    out = generate_tree(model, prompt, max_new_tokens=20, draft=NgramTreeDrafter(3, 1), tree=budget,
+                        gamma=depth, eos_token_ids=[])
     replayed = ntc.replay(ntc.tree_source("ngram", 3, 1), run, budget, depth)
     assert out.tokens == run.greedy
     assert replayed["steps"] == out.stats["verify_steps"]

@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 from minispec import acceptance
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.drafters import NgramDrafter, make_drafter
-from minispec.speculative import StepRecord, generate
+from minispec.loop import StepRecord
+from minispec.speculative import generate
 from minispec.testing import loop_setups, random_model, tiny_config
 from minispec.testing.cache_watch import watch_caches
 

@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from minispec.drafters import NgramDrafter
 from minispec.errors import MinispecError
-from minispec.speculative import generate
+from minispec.decode import generate
 from minispec.sampling import SamplingParams
 from minispec.testing import loop_setups, random_model, tiny_config
 from minispec.testing.checks import P_VALUE_FLOOR
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
-from minispec.tree_speculative import ModelTreeDrafter, NgramTreeDrafter, generate_tree
+from minispec.tree_drafters import ModelTreeDrafter, NgramTreeDrafter, TreeDrafter
+from minispec.tree_speculative import generate_tree
 
 F64 = torch.float64
 ATOL = 1e-10  # float64: the tree pass and a plain pass sum the same terms in another order
@@ -137,7 +138,7 @@ def test_malformed_trees_are_one_line_errors(tokens, parents, what):
 # ============================================================================== the tree loop (greedy)
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(TreeDrafter):
     """Trees of any shape with arbitrary tokens (the target's argmax now and then), cut to `depth`."""
 
     name = "random-tree"
@@ -166,7 +167,7 @@ class RandomTreeDrafter:
         return DraftTree(tokens, parents, torch.zeros(len(tokens), vocab_size))
 
 
-class ChainAsTree:
+class ChainAsTree(TreeDrafter):
     """The chain n-gram drafter's own proposal, as a width-1 tree."""
 
     name = "ngram-chain-as-tree"
@@ -189,7 +190,7 @@ def test_tree_speculative_greedy_equals_plain_greedy(setup, budget, max_depth, n
     target = random_model(cfg, seed, scale=3.0)
     drafter = NgramTreeDrafter(max_ngram=2) if kind == "ngram-tree" else RandomTreeDrafter(seed, target)
     plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
-    tree = generate_tree(target, prompt, max_new_tokens=n_new, drafter=drafter, budget=budget, max_depth=max_depth,
+    tree = generate_tree(target, prompt, max_new_tokens=n_new, draft=drafter, tree=budget, gamma=max_depth,
                          eos_token_ids=[])
     assert tree.tokens == plain.tokens
     s = tree.stats
@@ -202,8 +203,8 @@ def test_a_width_one_tree_is_the_chain_loop(setup, gamma, n_new):
     cfg, seed, prompt = setup
     target = random_model(cfg, seed, scale=3.0)
     chain = generate(target, prompt, max_new_tokens=n_new, draft="ngram:2", gamma=gamma, eos_token_ids=[])
-    tree = generate_tree(target, prompt, max_new_tokens=n_new, drafter=ChainAsTree(2), budget=gamma,
-                         max_depth=gamma, eos_token_ids=[])
+    tree = generate_tree(target, prompt, max_new_tokens=n_new, draft=ChainAsTree(2), tree=gamma,
+                         gamma=gamma, eos_token_ids=[])
     assert tree.tokens == chain.tokens
     assert tree.stats["verify_steps"] == chain.stats["verify_steps"]
     assert tree.stats["tau"] == chain.stats["tau"]
@@ -232,7 +233,7 @@ def test_model_trees_keep_tree_greedy_equal_to_plain_greedy(setup, n_new, shape,
     branching, width = ((3, 2, 1), None) if shape == "static" else ((3,), 2)
     drafter = ModelTreeDrafter(drafter_model, num_layers=num_layers, branching=branching, width=width)
     plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
-    out = generate_tree(target, prompt, max_new_tokens=n_new, drafter=drafter, budget=8, max_depth=3,
+    out = generate_tree(target, prompt, max_new_tokens=n_new, draft=drafter, tree=8, gamma=3,
                         eos_token_ids=[])
     assert out.tokens == plain.tokens
 
@@ -245,7 +246,7 @@ def test_the_target_drafting_its_own_tree_is_accepted_to_full_depth(setup, n_new
     cfg, seed, prompt = setup
     target = random_model(cfg, seed, scale=3.0)
     drafter = ModelTreeDrafter(target, branching=(2, 2, 2) if width is None else (2,), width=width)
-    out = generate_tree(target, prompt, max_new_tokens=n_new, drafter=drafter, budget=14, max_depth=3,
+    out = generate_tree(target, prompt, max_new_tokens=n_new, draft=drafter, tree=14, gamma=3,
                         eos_token_ids=[])
     assert out.tokens == generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[]).tokens
     full_steps = (n_new - 1) // 4  # steps before the last, each 3 drafts + 1 bonus
@@ -265,7 +266,7 @@ def test_tree_speculative_sampling_keeps_the_target_distribution(kind):
     counts: dict[tuple, int] = {}
     for seed in range(runs):
         drafter = ModelTreeDrafter(other, branching=(3, 2)) if kind == "model" else NgramTreeDrafter(max_ngram=1)
-        out = generate_tree(target, prompt, max_new_tokens=4, drafter=drafter, budget=6, max_depth=2,
+        out = generate_tree(target, prompt, max_new_tokens=4, draft=drafter, tree=6, gamma=2,
                             temperature=1.0, seed=seed, eos_token_ids=[])
         assert out.stats["nodes_per_step"] > 0 or kind == "ngram"
         first = tuple(out.tokens[:3])

@@ -22,10 +22,11 @@ from minispec.acceptance.dropmatch import mask_seed
 from minispec.acceptance.trees import dropmatch_walk
 from minispec.errors import MinispecError
 from minispec.sampling import SamplingParams, logits_to_probs, sample_token
-from minispec.speculative import generate
+from minispec.decode import generate
 from minispec.testing import loop_setups, random_model, seeds, tiny_config
 from minispec.tree import DraftTree
-from minispec.tree_speculative import ModelTreeDrafter, NgramTreeDrafter, decide_tree, generate_tree
+from minispec.tree_drafters import ModelTreeDrafter, NgramTreeDrafter
+from minispec.tree_speculative import decide_tree, generate_tree
 
 F64 = torch.float64
 
@@ -227,9 +228,9 @@ def test_dropmatch_at_p0_on_trees_is_greedy_on_trees(setup, n_new, kind, rule):
         model = target if kind == "early-exit" else random_model(cfg, seed + 1, scale=3.0)
         return ModelTreeDrafter(model, num_layers=1 if kind == "early-exit" else None, branching=(3, 2, 1))
 
-    greedy = generate_tree(target, prompt, max_new_tokens=n_new, drafter=drafter(), budget=8, max_depth=3,
+    greedy = generate_tree(target, prompt, max_new_tokens=n_new, draft=drafter(), tree=8, gamma=3,
                            eos_token_ids=[])
-    dropmatch = generate_tree(target, prompt, max_new_tokens=n_new, drafter=drafter(), budget=8, max_depth=3,
+    dropmatch = generate_tree(target, prompt, max_new_tokens=n_new, draft=drafter(), tree=8, gamma=3,
                               policy=DropMatch(p=0.0, criterion=criterion, or_base=or_base), eos_token_ids=[])
     assert dropmatch.tokens == greedy.tokens == generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[]).tokens
     assert dropmatch.stats["policy_info"].get("accepted_by_dropmatch_only", 0) == 0
@@ -241,8 +242,8 @@ def test_dropmatch_accepts_more_of_a_tree_at_p_above_zero():
     cfg = tiny_config(vocab_size=12)
     target, other = random_model(cfg, 3, scale=1.0), random_model(cfg, 4, scale=1.0)
     prompt = [1, 5, 2, 7, 3]
-    runs = {p: generate_tree(target, prompt, max_new_tokens=24, drafter=ModelTreeDrafter(other, branching=(3, 2)),
-                             budget=8, max_depth=2, policy=DropMatch(p=p, criterion="naive"), eos_token_ids=[])
+    runs = {p: generate_tree(target, prompt, max_new_tokens=24, draft=ModelTreeDrafter(other, branching=(3, 2)),
+                             tree=8, gamma=2, policy=DropMatch(p=p, criterion="naive"), eos_token_ids=[])
             for p in (0.0, 0.5)}
     assert runs[0.5].stats["policy_info"]["accepted_by_dropmatch_only"] > 0
     assert runs[0.5].stats["tau"] > runs[0.0].stats["tau"]

@@ -28,20 +28,85 @@ order, c_1..c_k, with x_j = tokens[c_j]:
 On a width-1 tree each walk makes its chain policy's decision draw for draw (the same generator
 state gives the same num_accepted = len(path) and next_token, and leaves the same state behind).
 The rules themselves are the chain policies' functions, imported, not copied.
+
+A policy's walk is looked up by its class, in a registry any policy can join, as `register`
+gives a chain policy its name:
+
+    @register_walk(MyPolicy)
+    def my_walk(policy: MyPolicy, inp: TreeInput) -> TreeDecision: ...
+
+`walk_for(policy)` finds it (None: greedy at T = 0, sampling at T > 0). The lookup is by the
+exact class, not its bases: a walk is the tree form of one rule, and a subclass that changes
+`decide` (dropmatch-lazy's shortcuts) has not shown that its tree form is its parent's.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 import torch
 
-from minispec.acceptance.base import PolicyInputError, VerifyInput
+from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
 from minispec.acceptance.dropmatch import DropMatch
-from minispec.acceptance.sampling import acceptance_probability, residual_distribution
+from minispec.acceptance.exact import ExactMatch
+from minispec.acceptance.sampling import SpeculativeSampling, acceptance_probability, residual_distribution
 from minispec.acceptance.typical import TypicalAcceptance, typical_acceptances
+from minispec.errors import MinispecError
 from minispec.sampling import SamplingParams, greedy_token, logits_to_probs, sample_token
 from minispec.tree import DraftTree
+
+
+@dataclass
+class TreeInput:
+    """What a walk sees after the tree's verify pass (N nodes, N+1 rows)."""
+
+    tree: DraftTree  # tokens [N], parents [N], q_draft [N, V], logits [N, V] or None
+    target_logits: torch.Tensor  # [N+1, V] the target's raw logits (row 0: the root's children)
+    params: SamplingParams  # temperature / top-k / top-p, as for the chain
+    generator: torch.Generator  # the walk's coins and draws
+    hidden: torch.Tensor | None = None  # [N+1, d] the LM-head input of the pass (DropMatch re-runs the head)
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None  # the target's LM head
+
+    @cached_property
+    def p_target(self) -> torch.Tensor:
+        """[N+1, V] the target's post-processed distributions, in float64 (computed on first use)."""
+        return logits_to_probs(self.target_logits.double(), self.params)
+
+
+@dataclass
+class TreeDecision:
+    path: list[int]  # the accepted nodes, the root's child first
+    next_token: int  # the correction where the walk stopped, or the bonus after an accepted leaf
+    info: dict = field(default_factory=dict)  # the policy's diagnostics, summed into stats["policy_info"]
+
+
+TreeWalk = Callable[[AcceptancePolicy, TreeInput], TreeDecision]
+_WALKS: dict[type, TreeWalk] = {}
+
+
+def register_walk(policy_class: type[AcceptancePolicy]):
+    """Function decorator: `walk(policy, inp) -> TreeDecision` is the tree form of `policy_class`."""
+
+    def add(walk: TreeWalk) -> TreeWalk:
+        if policy_class in _WALKS and _WALKS[policy_class] is not walk:
+            raise ValueError(f"policy class {policy_class.__name__} already has a tree walk: {_WALKS[policy_class]}")
+        _WALKS[policy_class] = walk
+        return walk
+
+    return add
+
+
+def walk_for(policy: AcceptancePolicy) -> TreeWalk:
+    """The registered tree walk of `policy`'s class, else a one-line error naming the policies that have one."""
+    walk = _WALKS.get(type(policy))
+    if walk is None:
+        have = sorted(cls.name for cls in _WALKS)
+        raise MinispecError(f"policy {policy.name!r} has no tree form; expected one of {have} with a tree "
+                            "(or a chain: no tree; a policy of your own joins with "
+                            "minispec.acceptance.trees.register_walk)")
+    return walk
 
 
 def check_tree_input(tree: DraftTree, **rows: torch.Tensor) -> None:
@@ -296,3 +361,34 @@ def dropmatch_walk(tree: DraftTree, target_logits: torch.Tensor, p_target: torch
     info = {"accepted_by_dropmatch_only": only_dm, "heads_agree": int((head_tokens == clean_tokens).all(dim=0).sum()),
             "positions": n + 1}
     return path, next_token, info
+
+
+# ---------------------------------------------------------------- the built-in policies' tree forms
+
+
+@register_walk(ExactMatch)
+def exact_tree(policy: ExactMatch, inp: TreeInput) -> TreeDecision:
+    """exact: greedy_walk at any temperature (as the chain rule, which is greedy at any T)."""
+    return TreeDecision(*greedy_walk(inp.tree, inp.target_logits))
+
+
+@register_walk(SpeculativeSampling)
+def sampling_tree(policy: SpeculativeSampling, inp: TreeInput) -> TreeDecision:
+    """sampling: recursive rejection over siblings (lossless at every T)."""
+    return TreeDecision(*sampling_walk(inp.tree, inp.p_target, inp.generator))
+
+
+@register_walk(TypicalAcceptance)
+def typical_tree(policy: TypicalAcceptance, inp: TreeInput) -> TreeDecision:
+    """typical: the first typical child, with the policy's eps, delta and criterion temperature."""
+    target_logits = inp.target_logits.double()  # [N+1, V]
+    return TreeDecision(*typical_walk(inp.tree, target_logits, inp.p_target, inp.params, inp.generator, policy.eps,
+                                      policy.delta, policy.greedy_criterion_temperature))
+
+
+@register_walk(DropMatch)
+def dropmatch_tree(policy: DropMatch, inp: TreeInput) -> TreeDecision:
+    """dropmatch: K dropout heads judge each node at its parent's row, OR-ed with the base."""
+    target_logits = inp.target_logits.double()  # [N+1, V]
+    return TreeDecision(*dropmatch_walk(inp.tree, target_logits, inp.p_target, inp.hidden, inp.head, inp.params,
+                                        inp.generator, policy))

@@ -62,13 +62,14 @@ def apply(model: Transformer, kind: str, *, checkpoint: str | Path | None = None
 
 
 def apply_drafter(drafter, kind: str) -> None:
-    """Apply `kind` to the drafter's own model, if it has one that is still a reference model.
+    """Apply `kind` to the drafter's own model (`drafter.model`), if it has one that is still a
+    reference model; `drafter` None (plain decoding) is nothing to do.
 
-    Nothing to do for a drafter without a model (n-gram), for one drafting with the target
-    itself (early exit: apply the target first, which rewrites it for both) or for a self:int8
-    copy (already int8). A separate draft model gets a private embedding table (no checkpoint).
+    Nothing to do for a drafter without a model (n-gram: model None), for one drafting with the
+    target itself (early exit: apply the target first, which rewrites it for both) or for a
+    self:int8 copy (already int8). A separate draft model gets a private embedding table (no
+    checkpoint).
     """
-    from minispec.drafters import ModelDrafter
-
-    if isinstance(drafter, ModelDrafter) and kind_of(drafter.model) == "reference":
-        apply(drafter.model, kind)
+    model = None if drafter is None else drafter.model
+    if isinstance(model, Transformer) and kind_of(model) == "reference":
+        apply(model, kind)

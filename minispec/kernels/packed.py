@@ -53,7 +53,6 @@ import torch.nn.functional as F
 from minispec.errors import MinispecError
 from minispec.kv_cache import KVCache
 from minispec.model import Block, RMSNorm, Transformer, apply_rope
-from minispec.ragged_cache import RaggedKVCache
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -217,10 +216,10 @@ class FastTransformer(Transformer):
         return self.weights_dtype
 
     def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None, num_layers: int | None = None,
-                  *, ragged: bool = False) -> KVCache | RaggedKVCache:
+                  *, cache_class: type = KVCache):
         """As Transformer.new_cache, with K/V in float32: attention runs in float32 here."""
         c = self.config
-        return (RaggedKVCache if ragged else KVCache)(
+        return cache_class(
             num_layers or c.num_layers, batch_size, c.num_kv_heads, max_seq_len or c.max_position_embeddings,
             c.head_dim, dtype=torch.float32, device=self.device,
         )

@@ -1,8 +1,8 @@
 """A hypothesis state machine that drives a KV cache through appends, verify-sized chunks and
 rollbacks, checking every model output against a from-scratch forward over the token list.
 
-Works with any cache class that has KVCache's constructor and the four methods the model calls
-(check_room, write, advance, truncate) plus `length` and `max_seq_len`: pass it as
+Works with any cache class that has KVCache's constructor and the methods the model calls
+(check_room, positions, mask, write, advance, truncate) plus `length` and `max_seq_len`: pass it as
 `cache_factory` to `make_cache_machine`, or use `minispec.testing.check_cache`.
 """
 

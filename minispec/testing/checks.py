@@ -42,7 +42,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
 from minispec.kv_cache import KVCache
 from minispec.sampling import SamplingParams, logits_to_probs
-from minispec.speculative import generate, score
+from minispec.loop import score
+from minispec.speculative import generate
 from minispec.testing.cache_machine import make_cache_machine, make_ragged_cache_machine
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 from minispec.testing.strategies import model_configs, random_model, seeds, tiny_config

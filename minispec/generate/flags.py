@@ -1,0 +1,289 @@
+"""The command line's flags and their rules: argv -> GenerateArgs, every flag that cannot apply refused.
+
+build_parser declares every flag with its help and default (what `-h` shows); parse_args gives a
+frozen GenerateArgs that remembers which flags were given; check_flags refuses, in one line each,
+a flag given where it cannot apply (a speculative setting without --draft, a DropMatch setting
+with another policy, a tree shape without --tree, a one-prompt flag with --batch-size, ...).
+Nothing here imports torch at module level: the CLI must be inside run_main within milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from minispec.cli import Parser, given_flags, ranged
+from minispec.errors import MinispecError
+
+# The CLI imports torch (and everything that imports it) inside the functions that need it, so
+# that `python -m minispec.generate` is inside run_main within milliseconds: a Ctrl-C while torch
+# loads is then one line, not an import traceback.
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float64": "float64", "fp64": "float64"}  # --dtype -> the torch dtype's name
+PROG = "minispec.generate"
+DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
+DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
+TREE_FLAGS = ("branching", "tree_width")
+SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree") + DROPMATCH_FLAGS + TREE_FLAGS
+NOT_BATCHED = {  # flags that cannot apply to several prompts at once, and why
+    "tree": "draft trees are not batched", "branching": "draft trees are not batched",
+    "tree_width": "draft trees are not batched", "trace": "prints the steps of one prompt",
+    "show": "colours one streamed text, and a batch prints each text whole",
+    "color": "colours one streamed text, and a batch prints each text whole",
+}
+
+EQUIVALENTS = """\
+the same settings in vLLM (speculative_config) / llama.cpp / transformers (generate):
+  --gamma N                 num_speculative_tokens=N / --draft-max N / num_assistant_tokens=N
+  --draft PATH              model=PATH / -md PATH / assistant_model=the loaded model
+  --draft ngram:N           method="ngram", prompt_lookup_max=N / llama-lookup /
+                            prompt_lookup_num_tokens=gamma, max_matching_ngram_size=N
+  --draft-length heuristic  - / - / num_assistant_tokens_schedule="heuristic"
+  --draft-p-min P           - / --draft-p-min P / assistant_confidence_threshold=P
+  --policy exact            the lossless verification of each (at temperature 0: greedy)
+  --max-new-tokens N        max_tokens=N / -n N / max_new_tokens=N
+  --stop S                  stop=[S] / "stop" (server) / stop_strings=[S]
+  --temperature, --top-k, --top-p, --seed: the same in all three
+  --batch-size N            LLM(max_num_seqs=N) / -np N (llama-server) / pipeline(..., batch_size=N)
+                            (vLLM and llama-server refill a finished row's place at once;
+                            minispec runs the prompts in consecutive groups of N)
+  --tree N --branching K    SGLang's EAGLE trees: --speculative-num-draft-tokens N
+                            --speculative-eagle-topk K --speculative-num-steps gamma
+--stats: "mean accepted length" = vLLM's mean acceptance length and llama.cpp's accepted
+tokens per drafted step (tau_drafted in --json); tau also counts steps that drafted nothing.
+"""
+
+
+
+@dataclass(frozen=True)
+class GenerateArgs:
+    ckpt: str | None
+    revision: str | None
+    prompt: str
+    prompt_file: Path | None
+    chat: bool | None  # True: --chat, False: --raw, None: chat iff the checkpoint has a chat template
+    system: str | None
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    seed: int
+    dtype: str
+    device: str
+    kernels: str
+    json: bool
+    draft: str | None
+    policy: str
+    gamma: int
+    draft_length: str
+    draft_p_min: float
+    dropout_p: float | str  # a number or "auto"
+    agreement: float
+    paths: int
+    criterion: str
+    majority: str
+    or_base: bool
+    tree: int | None  # nodes per verify pass; None: chains
+    branching: tuple[int, ...] | None
+    tree_width: int | None
+    stats: bool
+    show: bool
+    color: str
+    trace: bool
+    batch_size: int | None = None  # None: one prompt; N: --prompt-file's lines, N at a time
+    given: frozenset[str] = frozenset()  # the flags given on the command line (their dest names)
+
+
+
+def build_parser() -> Parser:
+    from minispec.acceptance.dropmatch_calibrate import DEFAULT_LEVEL
+    from minispec.sampling import MIN_TEMPERATURE
+
+    p = Parser(prog=PROG, description="Generate text with a Llama/Qwen checkpoint, plainly or by draft-then-verify.",
+               epilog=EQUIVALENTS)
+    p.add_argument("--ckpt", default=None,
+                   help="a Hugging Face checkpoint folder or hub repo id 'owner/name[@revision]' (fetched into the "
+                        "hub cache; HF_HUB_OFFLINE=1 reads only the cache). Default: SmolLM2-135M-Instruct, fetched "
+                        "and converted on first use into weights/ in a source checkout, else into MINISPEC_HOME or "
+                        "the user cache folder")
+    p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) of --ckpt")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prompt", default="What is the capital of France?", help="the prompt text")
+    source.add_argument("--prompt-file", type=Path, default=None,
+                        help="read the prompt from this file ('-': stdin); the whole file is one prompt, or with "
+                             "--batch-size one prompt per line")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--chat", dest="chat", action="store_const", const=True, default=None,
+                      help="wrap the prompt in the checkpoint's chat template (the default when it has one)")
+    mode.add_argument("--raw", dest="chat", action="store_const", const=False,
+                      help="feed the prompt as plain text, without the chat template")
+    p.add_argument("--system", default=None,
+                   help="system message for chat mode (default: the template's own; '' gives an empty one)")
+    p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=128)
+    p.add_argument("--stop", action="append", default=[], metavar="STRING",
+                   help="end the generation when the text contains STRING (repeatable); the text ends before it")
+    p.add_argument("--temperature", type=temperature, default=0.0,
+                   help=f"0 = greedy (argmax, lowest id on ties); else a finite number >= {MIN_TEMPERATURE:g}")
+    p.add_argument("--top-k", type=ranged(int, "--top-k", lo=1), default=None, help="sample from the k likeliest tokens")
+    p.add_argument("--top-p", type=ranged(float, "--top-p", lo=0, hi=1, lo_open=True), default=None,
+                   help="sample from the smallest set of tokens with probability >= p (nucleus)")
+    p.add_argument("--seed", type=ranged(int, "--seed", lo=0, hi=2**64, hi_open=True), default=0,
+                   help="seeds every random choice (an unsigned 64-bit integer, as torch takes it)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
+    p.add_argument("--kernels", choices=["auto", "fast", "compiled", "reference"], default="auto",
+                   help="auto: fast where it applies (a float32/bfloat16 model on the CPU), else reference; "
+                        "fast: minispec.kernels' packed, fused weights (CPU only); compiled: the same blocks with "
+                        "decoding steps compiled by TorchInductor (CPU only; compiles for minutes on first use, holds "
+                        "several copies of the weights); reference: model.py exactly as written")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (text, tokens, finish_reason, stats) instead of streaming")
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument("--draft", default=None,
+                   help="drafter: a checkpoint folder or hub repo id, 'ngram[:N]', 'early-exit:N', 'self:bf16' or "
+                        "'self:int8' (default: plain decoding)")
+    s.add_argument("--policy", default="exact",
+                   help="acceptance policy: exact, sampling, typical, dropmatch (Algorithm 1 in full), dropmatch-lazy "
+                        "(the same decisions, computing only what each needs), or a registered name")
+    s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5,
+                   help="draft length per verify step (with --draft-length heuristic: the most)")
+    s.add_argument("--draft-length", choices=["fixed", "heuristic"], default="fixed",
+                   help="fixed: gamma every step; heuristic: +2 after a fully accepted draft, -1 otherwise, "
+                        "between 1 and gamma (transformers' schedule)")
+    s.add_argument("--draft-p-min", type=ranged(float, "--draft-p-min", lo=0, hi=1), default=0.0,
+                   help="a model draft stops at the first token whose draft probability is below this (0 = off)")
+    s.add_argument("--dropout-p", type=dropout_p, default=0.3,
+                   help="DropMatch: dropout probability on the LM-head input, in [0, 1), or 'auto': the p whose "
+                        "measured all-K head agreement with the clean argmax is --agreement, on the target's first "
+                        "32 greedy tokens of this prompt (minispec.acceptance.dropmatch_calibrate)")
+    s.add_argument("--agreement", type=ranged(float, "--agreement", lo=0, hi=1, lo_open=True), default=DEFAULT_LEVEL,
+                   help="with --dropout-p auto: the share of positions where all K heads keep the clean argmax")
+    s.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")
+    s.add_argument("--criterion", choices=["js_or_majority", "js", "majority", "naive"], default="js_or_majority",
+                   help="DropMatch: the acceptance test")
+    s.add_argument("--majority", choices=["strict", "plurality"], default="strict", help="DropMatch: the vote")
+    s.add_argument("--no-or-base", dest="or_base", action="store_false",
+                   help="DropMatch alone, not OR-ed with its base policy (exact at T=0, sampling at T>0)")
+    t = p.add_argument_group("draft trees")
+    t.add_argument("--tree", type=ranged(int, "--tree", lo=1), default=None, metavar="N",
+                   help="draft a tree of up to N nodes per step instead of a chain, verified in one pass of N+1 rows; "
+                        "--gamma is its depth (n-gram and model drafts)")
+    t.add_argument("--branching", type=branching, default=None, metavar="K1,K2,...",
+                   help="model-draft trees: children per node at depth 1, 2, ... (default 4,2,1); with --tree-width: "
+                        "children per expanded node")
+    t.add_argument("--tree-width", type=ranged(int, "--tree-width", lo=1), default=None, metavar="W",
+                   help="model-draft trees: expand only the W most probable paths per level (EAGLE-2's dynamic "
+                        "tree); default: every node (static)")
+    b = p.add_argument_group("several prompts")
+    b.add_argument("--batch-size", type=ranged(int, "--batch-size", lo=1), default=None, metavar="N",
+                   help="run the prompts of --prompt-file, one per line (blank lines skipped), N at a time in one "
+                        "batch (minispec.batch); prompt i (from 0) uses seed --seed + i, so its text is what it gives "
+                        "alone with that seed; each text is printed under a '=== prompt i/n (finish reason) ===' "
+                        "line (default: the file is one prompt)")
+    o = p.add_argument_group("output")
+    o.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
+    o.add_argument("--show", action="store_true",
+                   help="colour the output: accepted drafts green, corrections red, bonus tokens blue")
+    o.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="when --show writes colour codes: auto = only to a terminal (and not with NO_COLOR set)")
+    o.add_argument("--trace", action="store_true",
+                   help="print every verify step as it happens: the drafts, each row's target choice and "
+                        "probability, the decision, the rollback and both caches' lengths (then the text)")
+    return p
+
+
+def temperature(text: str) -> float:
+    """--temperature: 0 (greedy) or a finite number >= MIN_TEMPERATURE (minispec.sampling says why)."""
+    from minispec.sampling import MIN_TEMPERATURE
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--temperature = {text!r}; expected a number") from None
+    if not (value == 0 or MIN_TEMPERATURE <= value < math.inf):  # also nan
+        raise argparse.ArgumentTypeError(f"--temperature = {text}; expected 0 (greedy) or a finite number "
+                                         f">= {MIN_TEMPERATURE:g}")
+    return value
+
+
+def dropout_p(text: str) -> float | str:
+    """--dropout-p: 'auto' or a number in [0, 1)."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--dropout-p = {text!r}; expected a number in [0, 1) or 'auto'") from None
+    if not 0 <= value < 1:  # also nan
+        raise argparse.ArgumentTypeError(f"--dropout-p = {text}; expected 0 <= dropout-p < 1 or 'auto'")
+    return value
+
+
+def branching(text: str) -> tuple[int, ...]:
+    """--branching: comma-separated integers >= 1, e.g. 4,2,1."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"--branching = {text!r}; expected integers >= 1, comma-separated "
+                                         "(children per node at depth 1, 2, ...), e.g. 4,2,1")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> GenerateArgs:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    ns.stop = tuple(ns.stop)
+    return GenerateArgs(**vars(ns), given=given_flags(parser, argv))
+
+
+def check_flags(args: GenerateArgs) -> None:
+    """A flag given where it cannot apply is a mistake, not something to ignore: say why, in one line."""
+    def flag(dest: str) -> str:
+        return "--no-or-base" if dest == "or_base" else "--" + dest.replace("_", "-")
+
+    for dest in sorted(args.given):
+        if args.draft is None and dest in SPECULATIVE_FLAGS:
+            raise MinispecError(f"{flag(dest)}: applies only to speculative decoding; expected a --draft "
+                                "(without one, decoding is plain)")
+        if dest in DROPMATCH_FLAGS and args.policy not in DROPMATCH_POLICIES:
+            raise MinispecError(f"{flag(dest)}: a DropMatch setting; expected --policy dropmatch or dropmatch-lazy "
+                                f"(not {args.policy})")
+        if dest in ("top_k", "top_p") and args.temperature == 0:
+            raise MinispecError(f"{flag(dest)}: applies only when sampling; expected --temperature > 0 "
+                                "(at 0 decoding takes the argmax)")
+        if dest in ("show", "color", "stats") and args.json:
+            raise MinispecError(f"{flag(dest)}: --json prints one JSON object (with the stats) and no stream; "
+                                f"expected one of --json and {flag(dest)}")
+        if dest == "color" and not args.show:
+            raise MinispecError("--color: says when --show colours the text; expected --show with it")
+        if dest == "stop" and "" in args.stop:
+            raise MinispecError("--stop '': an empty stop string would stop at once; expected a non-empty STRING")
+        if dest == "system" and args.chat is False:
+            raise MinispecError("--system: a chat-template message; expected chat mode, not --raw")
+        if dest in TREE_FLAGS and args.tree is None:
+            raise MinispecError(f"{flag(dest)}: shapes a draft tree; expected --tree N with it")
+        if dest in ("trace", "draft_p_min") and args.tree is not None:
+            raise MinispecError(f"{flag(dest)}: chain drafts only; expected it without --tree")
+        if dest == "draft_length" and args.tree is not None and args.draft_length != "fixed":
+            raise MinispecError("--draft-length heuristic: chain drafts only (a tree's depth is --gamma); "
+                                "expected it without --tree")
+        if dest == "batch_size" and args.prompt_file is None:
+            raise MinispecError("--batch-size: runs the prompts of a file, one per line; expected --prompt-file FILE "
+                                "(or - for stdin) with it")
+        if args.batch_size is not None and dest in NOT_BATCHED:
+            raise MinispecError(f"{flag(dest)}: {NOT_BATCHED[dest]}; expected one of --batch-size and {flag(dest)}")
+    if "agreement" in args.given and args.dropout_p != "auto":
+        raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
+    if args.batch_size is not None and args.dropout_p == "auto" and args.policy in DROPMATCH_POLICIES:
+        raise MinispecError("--dropout-p auto: calibrates p on one prompt; expected a number for --dropout-p with "
+                            "--batch-size")
+    from minispec.tokenizer import check_text
+
+    for text, flag_name in [(args.prompt, "--prompt"), (args.system, "--system"), *((s, "--stop") for s in args.stop)]:
+        if text is not None:  # argv bytes that are not UTF-8 arrive as lone surrogates
+            check_text(text, flag_name)

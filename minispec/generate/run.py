@@ -1,0 +1,332 @@
+"""Running the command line: load the checkpoint (and draft, policy, kernels), then decode one
+prompt (minispec.decode.generate: a chain, plain decoding or a tree) or the lines of a prompt file
+(--batch-size: minispec.batch.generate_batch), and return the --json object.
+
+A run keeps its progress (the tokens so far) so that Ctrl-C can still report the text: the
+streamed text is ended, or the --json object printed with finish_reason "interrupted".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from minispec.errors import MinispecError
+from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, GenerateArgs, check_flags
+from minispec.generate.printing import Printer, StopStrings, decoded_text, print_prompt_text, use_colour
+
+if TYPE_CHECKING:
+    import torch
+
+@dataclass
+class Progress:
+    """How far a one-prompt run got: what an interrupted run reports."""
+
+    tokenizer: object = None
+    prompt_ids: list[int] | None = None
+    tokens: list[int] = field(default_factory=list)  # emitted so far (the loop's on_tokens)
+    printer: Printer | None = None
+    stop: StopStrings | None = None
+
+    def on_tokens(self, tokens: list[int], num_accepted: int, num_proposed: int) -> None:
+        self.tokens.extend(tokens)
+        if self.printer is not None:
+            self.printer.push(tokens, num_accepted, num_proposed)
+
+    def text(self) -> str:
+        return decoded_text(self.tokenizer, self.tokens, self.stop)
+
+    def interrupted(self, as_json: bool) -> None:
+        """Ctrl-C: print the --json object so far (finish_reason "interrupted"), or end the streamed text."""
+        if as_json:
+            print(json.dumps({"text": self.text(), "tokens": self.tokens,
+                              "prompt_tokens": None if self.prompt_ids is None else len(self.prompt_ids),
+                              "finish_reason": "interrupted", "stats": None}))
+        elif self.printer is not None:
+            self.printer.finish()
+
+
+def run(args: GenerateArgs) -> dict:
+    """Load, generate, return the --json object. On Ctrl-C: end the streamed text (or print the
+    --json object so far, finish_reason "interrupted") and let the KeyboardInterrupt go on to
+    run_main, which says so in one line and exits 130."""
+    progress = Progress() if args.batch_size is None else BatchProgress()
+    try:
+        check_flags(args)
+        model, tokenizer, drafter, ckpt = load(args)
+        progress.tokenizer = tokenizer
+        if args.batch_size is None:
+            return run_one(args, progress, model, tokenizer, drafter, ckpt)
+        return run_batch(args, progress, model, tokenizer, drafter, ckpt)
+    except KeyboardInterrupt:
+        progress.interrupted(args.json)
+        raise
+
+
+def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, ckpt: Path) -> dict:
+    """One prompt: streamed as it is decoded (or traced step by step, or kept for --json)."""
+    from minispec.decode import generate
+
+    prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
+    p = args.dropout_p
+    if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
+        from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
+
+        p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, eos_token_ids=tokenizer.eos_token_ids)
+    _apply_kernels(args, model, drafter, ckpt)
+    policy = _policy(args, p)
+    stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
+    printer = progress.printer = None if args.json or args.trace else Printer(
+        tokenizer, colour=args.show and use_colour(args.color), stops=args.stop)
+    options = {}
+    if drafter is not None:
+        options.update(draft=drafter, policy=policy, gamma=args.gamma)
+        if args.tree is None:
+            options.update(draft_length=args.draft_length)
+        else:  # the chain drafter's tree form (built by the tree chapter, on the model the kernels rewrote)
+            from minispec.tree_drafters import TreeSpec
+
+            options.update(tree=TreeSpec(budget=args.tree, branching=args.branching or TreeSpec.branching,
+                                         width=args.tree_width))
+    if args.trace:
+        from minispec.trace import Tracer
+
+        options.update(on_step=Tracer(tokenizer, drafter.name, policy.name,
+                                      out=sys.stderr if args.json else None))  # keep JSON clean
+    result = generate(model, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_ids=tokenizer.eos_token_ids,
+                      on_tokens=progress.on_tokens, stop_when=stop, **options)
+    text = decoded_text(tokenizer, result.tokens, stop)
+    if printer is not None:
+        printer.finish()
+    elif args.trace and not args.json:
+        print(text)
+    if args.policy in DROPMATCH_POLICIES:
+        result.stats["dropout_p"] = p
+    return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids),
+            "finish_reason": result.finish_reason, "stats": result.stats}
+
+
+def load(args: GenerateArgs):
+    """The target model, its tokenizer, the drafter (None: plain decoding) and the checkpoint folder."""
+    import torch
+
+    from minispec.checkpoint import load_model
+    from minispec.hub import resolve_checkpoint
+    from minispec.tokenizer import load_tokenizer
+
+    device = _device(args.device)
+    if args.ckpt is None:
+        if args.revision is not None:
+            raise MinispecError("--revision: a hub revision of --ckpt; expected a --ckpt repo id with it")
+        from minispec.weights import ensure_default_checkpoint
+
+        ckpt = ensure_default_checkpoint()
+    else:
+        ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
+
+    model = load_model(ckpt, dtype=getattr(torch, DTYPES[args.dtype]), device=device)
+    tokenizer = load_tokenizer(ckpt)
+    drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
+    return model, tokenizer, drafter, ckpt
+
+
+def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> None:
+    """--kernels: rewrite the loaded model (and a draft model) in place."""
+    from minispec import kernels
+
+    kind = args.kernels
+    if kind == "auto":  # fast where the packed weights apply (float32/bfloat16 on the CPU), else model.py as written
+        kind = "fast" if model.device.type == "cpu" and model.dtype in kernels.packed.SUPPORTED_DTYPES else "reference"
+    kernels.apply(model, kind, checkpoint=ckpt)
+    kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
+    if kind == "compiled":
+        if not args.json:
+            print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
+        kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
+
+
+# ---------------------------------------------------------------- several prompts (--batch-size)
+
+
+@dataclass
+class BatchProgress:
+    """How far a batch got: each prompt's tokens so far, and its finish reason once its row has
+    finished (the batch's on_finish). Prints prompt i's text, under its header, once prompt i and
+    every prompt before it have finished (a header names the finish reason, so a text is printed
+    whole); what an interrupted batch reports."""
+
+    tokenizer: object = None
+    prompts: list[list[int]] = field(default_factory=list)
+    tokens: list[list[int]] = field(default_factory=list)  # per prompt, emitted so far
+    reasons: list[str | None] = field(default_factory=list)  # per prompt, once finished
+    printed: int = 0  # prompts printed so far (text mode)
+    stop: StopStrings | None = None
+    print_text: bool = True
+
+    def start(self, prompts: list[list[int]]) -> None:
+        self.prompts, self.tokens, self.reasons = prompts, [[] for _ in prompts], [None] * len(prompts)
+
+    def on_tokens(self, index: int, tokens: list[int], num_accepted: int, num_proposed: int) -> None:
+        self.tokens[index].extend(tokens)
+
+    def on_finish(self, index: int, result) -> None:
+        """Prompt `index` is done: print it, and every finished prompt after it, in order."""
+        self.reasons[index] = result.finish_reason
+        while self.print_text and self.printed < len(self.prompts) and self.reasons[self.printed] is not None:
+            print_prompt_text(self.printed, len(self.prompts), self.reasons[self.printed], self.text(self.printed))
+            self.printed += 1
+
+    def text(self, index: int) -> str:
+        return decoded_text(self.tokenizer, self.tokens[index], self.stop)
+
+    def interrupted(self, as_json: bool) -> None:
+        """Ctrl-C: the printed texts stay; --json prints the object so far, "interrupted" where unfinished."""
+        if as_json:
+            results = [{"text": self.text(i), "tokens": self.tokens[i], "prompt_tokens": len(prompt),
+                        "finish_reason": self.reasons[i] or "interrupted", "stats": None}
+                       for i, prompt in enumerate(self.prompts)]
+            print(json.dumps({"results": results, "stats": None}))
+
+
+def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, drafter, ckpt: Path) -> dict:
+    """--batch-size N: every line of --prompt-file a prompt, N decoded together (minispec.batch)."""
+    from minispec.batch import generate_batch
+
+    lines = _prompt_lines(args)
+    prompts = [_encode(args, tokenizer, text) for _, text in lines]
+    seeds = [args.seed + i for i in range(len(prompts))]  # prompt i: what it gives alone with --seed + i
+    if seeds[-1] >= 2**64:
+        raise MinispecError(f"--seed {args.seed}: prompt i uses --seed + i, which passes 2**64 - 1 at prompt "
+                            f"{len(prompts) - 1}; expected --seed <= {2**64 - len(prompts)} for {len(prompts)} prompts")
+    progress.start(prompts)
+    _apply_kernels(args, model, drafter, ckpt)
+    p = args.dropout_p  # a number: auto is refused with --batch-size
+    policy = _policy(args, p)
+    stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
+    progress.print_text = not args.json
+    speculative = {} if drafter is None else {"draft_length": args.draft_length}
+    try:
+        batch = generate_batch(
+            model, prompts, max_new_tokens=args.max_new_tokens, draft=drafter, policy=policy, gamma=args.gamma,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=seeds,
+            eos_token_ids=tokenizer.eos_token_ids, on_tokens=progress.on_tokens, on_finish=progress.on_finish,
+            stop_when=stop, batch_size=args.batch_size, **speculative,
+        )
+    except MinispecError as err:  # about one prompt (too long for the context): name the file's line
+        if err.prompt_index is None:
+            raise
+        raise type(err)(f"--prompt-file {args.prompt_file} line {lines[err.prompt_index][0]}: {err.reason}") from None
+    stats = dict(batch.stats)  # pooled; names the drafter, policy and gamma when there is a draft
+    results = []
+    for i, result in enumerate(batch):
+        if args.policy in DROPMATCH_POLICIES:
+            result.stats["dropout_p"] = p
+        results.append({"text": decoded_text(tokenizer, result.tokens, stop), "tokens": result.tokens,
+                        "prompt_tokens": len(prompts[i]), "finish_reason": result.finish_reason,
+                        "stats": result.stats})
+    if args.policy in DROPMATCH_POLICIES:
+        stats["dropout_p"] = p
+    return {"results": results, "stats": stats}
+
+
+def _prompt_lines(args: GenerateArgs) -> list[tuple[int, str]]:
+    """--prompt-file with --batch-size: (line number from 1, text) of every line that is not blank."""
+    lines = [(number, line) for number, line in enumerate(_read_prompt_file(args).splitlines(), start=1)
+             if line.strip()]
+    if not lines:
+        raise MinispecError(f"--prompt-file {args.prompt_file}: no prompts (every line is blank); expected one "
+                            "prompt per line with --batch-size")
+    return lines
+
+
+def _device(name: str) -> torch.device:
+    """--device as a torch.device that can run a model here: a small computation on it must give a value."""
+    import torch
+
+    try:
+        device = torch.device(name)
+        if device.type == "meta":  # tensors without data: everything "runs", nothing is computed
+            raise RuntimeError("meta tensors hold no data")
+        torch.ones(2, device=device).add(1).sum().item()
+    except Exception as err:  # torch says why in its own words: unknown type, not compiled with it, no such index
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = reason if len(reason) <= 100 else reason[:97] + "..."
+        raise MinispecError(f"--device = {name!r}: cannot run a model here ({reason}); expected cpu, or an "
+                            "available accelerator such as cuda, cuda:1, mps") from None
+    return device
+
+
+def _drafter(args: GenerateArgs, model, tokenizer):
+    """--draft as a Drafter; a draft checkpoint (folder or repo id) must share the target's tokenizer."""
+    from minispec.drafters import make_drafter
+
+    from minispec.hub import is_repo_id, resolve_checkpoint
+
+    spec = args.draft
+    if spec is not None and (Path(spec).exists() or is_repo_id(spec.partition("@")[0])):  # a draft model
+        from minispec.tokenizer import check_same_vocabulary, load_tokenizer
+
+        folder = resolve_checkpoint(spec, what="--draft")
+        check_same_vocabulary(load_tokenizer(folder), tokenizer, draft_name=f"--draft {spec}",
+                              target_name="the target")
+        spec = str(folder)
+    return make_drafter(spec, model, p_min=args.draft_p_min)
+
+
+def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
+    """The prompt's token ids: the text from --prompt, --prompt-file or stdin (as UTF-8), encoded by _encode."""
+    return _encode(args, tokenizer, args.prompt if args.prompt_file is None else _read_prompt_file(args))
+
+
+def _read_prompt_file(args: GenerateArgs) -> str:
+    """--prompt-file's text, as UTF-8 ('-': stdin)."""
+    if str(args.prompt_file) == "-":
+        return _read_stdin()
+    try:
+        return args.prompt_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise MinispecError(f"--prompt-file {args.prompt_file}: cannot be read ({reason}); "
+                            "expected a UTF-8 text file") from None
+
+
+def _encode(args: GenerateArgs, tokenizer, prompt: str) -> list[int]:
+    """A prompt's token ids: in the chat template unless --raw (or the checkpoint has none).
+    --system "" is an empty system message."""
+    chat = bool(tokenizer.chat_template) if args.chat is None else args.chat
+    if not chat:
+        if args.system is not None:
+            raise MinispecError(f"--system: a chat-template message, but {tokenizer.source} has no chat template; "
+                                "expected a chat checkpoint")
+        return tokenizer.encode(prompt)
+    system = [] if args.system is None else [{"role": "system", "content": args.system}]
+    return tokenizer.apply_chat_template([*system, {"role": "user", "content": prompt}])
+
+
+def _read_stdin() -> str:
+    """--prompt-file -: stdin's bytes decoded as UTF-8, whatever the locale's encoding and error handler."""
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:  # a text stream without bytes underneath (a test's StringIO)
+        from minispec.tokenizer import check_text
+
+        return check_text(sys.stdin.read(), "--prompt-file - (stdin)")
+    try:
+        return stream.read().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise MinispecError(f"--prompt-file - (stdin): cannot be read ({err}); expected UTF-8 text") from None
+
+
+def _policy(args: GenerateArgs, p: float | str):
+    from minispec import acceptance
+
+    if args.policy in DROPMATCH_POLICIES:
+        return acceptance.get(args.policy, p=p, paths=args.paths, criterion=args.criterion,
+                              majority=args.majority, or_base=args.or_base)  # masks seeded from --seed by the loop
+    try:
+        return acceptance.get(args.policy)
+    except MinispecError as err:
+        raise MinispecError(f"--{err}") from None

@@ -1,0 +1,224 @@
+"""What every decoding loop shares: its results and callbacks, its input checks, and its steps.
+
+The chain (minispec.speculative), the tree (minispec.tree_speculative) and the batch
+(minispec.batch) loops all run the same skeleton, and this module holds its common parts so that
+each chapter imports them from here and never from another chapter:
+
+    check:    prompt, params, generator, eos = check_request(...)    one-line errors, then the run's state
+    prefill:  logits = prefill(target, prompt, cache)                  the last prompt row only: [V]
+    verify:   inp = verify_input(draft, target_logits, ...)            what a chain policy sees
+    commit:   emitted, reason = commit(tokens, emitted, eos, ...)      token by token, up to the first end
+    count:    record_step(steps, g, n, len(emitted), info)             minispec.stats counts the step
+
+and the run ends with minispec.stats.run_stats. A loop's invariant (the target cache holds every
+committed token but the last) is each chapter's own and is stated there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput
+from minispec.checks import is_int, positive_int
+from minispec.drafters import Draft
+from minispec.errors import CacheOverflowError, MinispecError
+from minispec.model import Transformer
+from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.stats import StepStats
+
+# Called with each batch of newly emitted tokens, as soon as they are known (for streaming):
+# on_tokens(tokens, num_accepted, num_proposed). The first num_accepted tokens are accepted
+# drafts; a token after them is the target's own (a correction if num_accepted < num_proposed,
+# a bonus if all num_proposed drafts were accepted). Plain decoding reports (token, 0, 0).
+TokenCallback = Callable[[list[int], int, int], None]
+
+# Called with all tokens generated so far, after each new token: True ends the generation there
+# (finish_reason "stop"), e.g. when the decoded text contains a stop string.
+StopCondition = Callable[[list[int]], bool]
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids (an eos token, if one ended the run, is included)
+    stats: dict = field(default_factory=dict)  # minispec.stats.run_stats; each figure in docs/metrics.md
+
+    @property
+    def finish_reason(self) -> str:
+        """Why it ended: "eos" (an end token), "length" (max_new_tokens) or "stop" (stop_when said so)."""
+        return self.stats["finish_reason"]
+
+
+@dataclass
+class StepRecord:
+    """One verify step of the chain as the loop saw it, handed to `on_step` (minispec.trace prints these)."""
+
+    index: int  # 0-based verify step
+    inp: VerifyInput  # what the policy saw: drafts, q_draft, target logits, p_target
+    decision: Decision  # what it decided
+    emitted: list[int]  # the tokens committed by this step (cut at eos / max_new_tokens)
+    target_cache: tuple[int, int]  # the target cache's length after the verify pass, after the rollback
+    draft_cache: int | None  # the drafter's cache length after its rollback; None if it keeps none
+
+
+# ---------------------------------------------------------------- checks (one-line errors)
+
+
+def check_request(target: Transformer, prompt_ids, max_new_tokens: int, temperature: float, top_k: int | None,
+                  top_p: float | None, seed: int, eos_token_ids) -> tuple[list[int], SamplingParams, torch.Generator,
+                                                                           set[int]]:
+    """A loop's arguments checked, as the run's state: (prompt, params, generator, eos ids).
+
+    The generator is the run's one source of randomness (draws and a policy's coins), seeded
+    with `seed`; eos_token_ids None means the checkpoint's own (config.json).
+    """
+    params = SamplingParams(temperature, top_k, top_p)
+    generator = torch.Generator(device="cpu").manual_seed(check_seed(seed))
+    prompt = check_prompt(target, prompt_ids, max_new_tokens)
+    return prompt, params, generator, check_eos(target, eos_token_ids)
+
+
+def check_prompt(target: Transformer, prompt_ids, max_new_tokens: int) -> list[int]:
+    """Validate the prompt and max_new_tokens with one-line errors; return the prompt as a list of ints.
+
+    prompt_ids: a sequence of ints or a 1-D integer tensor (one prompt), each 0 <= id < vocab_size.
+    """
+    vocab = target.config.vocab_size
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype.is_complex \
+                or prompt_ids.dtype == torch.bool:
+            raise MinispecError(f"prompt_ids: a {prompt_ids.dim()}-D {prompt_ids.dtype} tensor; expected a 1-D integer "
+                                f"tensor or a list of token ids (several prompts: a list of lists or a 2-D tensor)")
+        prompt_ids = prompt_ids.tolist()
+    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+        raise MinispecError(f"prompt_ids: {type(prompt_ids).__name__}; expected a list of token ids "
+                            f"(encode text with the tokenizer first: tokenizer.encode(text))")
+    bad = next((t for t in prompt_ids if not is_int(t)), None)
+    if bad is not None:
+        several = " (several prompts: minispec.decode.generate or minispec.generate_batch)" \
+            if isinstance(bad, (Sequence, torch.Tensor)) and not isinstance(bad, (str, bytes)) else ""
+        raise MinispecError(f"prompt_ids: {bad!r} ({type(bad).__name__}); expected integer token ids{several}")
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise MinispecError("prompt_ids: empty; expected at least one token id")
+    bad = next((t for t in prompt if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise MinispecError(f"prompt_ids: token id {bad} out of range; expected 0 <= id < vocab_size={vocab}")
+    positive_int(max_new_tokens, "max_new_tokens")
+    limit = target.config.max_position_embeddings
+    if len(prompt) + max_new_tokens > limit:
+        raise CacheOverflowError(
+            f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} exceeds the model's "
+            f"max_position_embeddings={limit} (config.json)"
+        )
+    return prompt
+
+
+def check_seed(seed) -> int:
+    """A run's seed: an integer 0 <= seed < 2**64 (what torch.Generator.manual_seed takes)."""
+    if not is_int(seed) or not 0 <= seed < 2**64:
+        raise MinispecError(f"seed = {seed!r}; expected an integer 0 <= seed < 2**64")
+    return int(seed)
+
+
+def check_eos(target: Transformer, eos_token_ids) -> set[int]:
+    """The ids that end a run: None = the checkpoint's own (config.json), [] = never stop early."""
+    if eos_token_ids is None:
+        return set(target.config.eos_token_ids)
+    vocab = target.config.vocab_size
+    ids = list(eos_token_ids) if isinstance(eos_token_ids, (list, tuple, set, frozenset)) else None
+    if ids is None or any(not is_int(t) or not 0 <= t < vocab for t in ids):
+        raise MinispecError(f"eos_token_ids = {eos_token_ids!r}; expected a list of token ids, "
+                            f"each 0 <= id < vocab_size={vocab} ([] never stops early)")
+    return {int(t) for t in ids}
+
+
+def refuse(chapter: str, **given) -> None:
+    """A one-line error for an argument `chapter` cannot apply (given: name -> value; None = not given)."""
+    for name, value in given.items():
+        if value is not None:
+            raise MinispecError(f"{name} = {value!r}: not available {chapter}; expected {name}=None")
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
+    """Feed the prompt into the cache; the logits after its last token: [V].
+
+    Only the last row goes through the LM head: the other rows' logits are never used.
+    """
+    hidden = target.forward_hidden(torch.tensor([prompt], device=target.device), cache)  # [1, P, d]
+    return target.head(hidden[0, -1])
+
+
+def score(head: Callable[[torch.Tensor], torch.Tensor], policy: AcceptancePolicy,
+          hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The LM head on the verify rows hidden [g+1, d]: target logits [g+1, V], and the logits [n, V]
+    of any extra rows the policy asked for (`extra_head_rows`), in ONE head call (None if none)."""
+    extra_rows = policy.extra_head_rows(hidden)  # [n, d] or None
+    if extra_rows is None:
+        return head(hidden), None
+    logits = head(torch.cat([hidden, extra_rows.to(hidden.dtype)]))  # [g+1+n, V]
+    return logits[: hidden.shape[0]], logits[hidden.shape[0]:]
+
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def verify_input(draft: Draft, target_logits: torch.Tensor, hidden: torch.Tensor, extra_logits: torch.Tensor | None,
+                 head: Callable[[torch.Tensor], torch.Tensor], params: SamplingParams,
+                 generator: torch.Generator) -> VerifyInput:
+    """What a policy sees after a verify pass of g+1 rows: target_logits [g+1, V] (low precision
+    upcast to float32), p_target = post-processed target_logits, and the draft on the same device."""
+    target_logits = target_logits.float() if target_logits.dtype in LOW_PRECISION else target_logits
+    p_target = logits_to_probs(target_logits, params)  # [g+1, V]
+    return VerifyInput(
+        draft_tokens=torch.tensor(draft.tokens, dtype=torch.long, device=p_target.device),
+        q_draft=draft.q_draft.to(p_target.device, p_target.dtype),  # an n-gram's one-hot rows live on the CPU
+        target_logits=target_logits,
+        p_target=p_target,
+        params=params,
+        generator=generator,
+        draft_logits=None if draft.logits is None else draft.logits.to(target_logits.device, target_logits.dtype),
+        hidden=hidden,
+        head=head,
+        extra_logits=extra_logits,
+    )
+
+
+def finish_reason(tokens: list[int], eos: set[int], max_new_tokens: int,
+                  stop_when: StopCondition | None) -> str | None:
+    """Whether the generation ends after its last token, and why: "eos", "stop", "length" or None."""
+    if tokens[-1] in eos:
+        return "eos"
+    if stop_when is not None and stop_when(tokens):
+        return "stop"
+    return "length" if len(tokens) >= max_new_tokens else None
+
+
+def commit(tokens: list[int], emitted: list[int], eos: set[int], max_new_tokens: int,
+           stop_when: StopCondition | None) -> tuple[list[int], str | None]:
+    """Append a step's tokens one at a time, stopping at the first eos, stop condition or
+    max_new_tokens, even in the middle of an accepted run. Returns (what was committed, the
+    finish reason or None)."""
+    num_before, reason = len(tokens), None
+    for token in emitted:
+        tokens.append(token)
+        reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
+        if reason is not None:
+            break
+    return tokens[num_before:], reason
+
+
+def record_step(steps: StepStats, num_drafted: int, num_accepted: int, num_committed: int, info: dict) -> None:
+    """Count a step by what it committed: a step cut short by an eos or stop inside its accepted
+    run counts as a draft of the committed length, all accepted (what came after the end was
+    never emitted, so it was neither accepted nor rejected)."""
+    if num_committed <= num_accepted:
+        steps.record(num_committed, num_committed, info, num_emitted=num_committed)
+    else:
+        steps.record(num_drafted, num_accepted, info)
