@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from minispec.checks import check_gamma, is_int
 from minispec.errors import MinispecError
 
 
@@ -38,9 +39,7 @@ class DraftLength(ABC):
     name = "?"  # how stats name it
 
     def __init__(self, gamma: int) -> None:
-        if not isinstance(gamma, int) or gamma < 1:
-            raise MinispecError(f"gamma = {gamma!r}; expected an integer >= 1")
-        self.gamma = gamma  # the most tokens next() ever returns
+        self.gamma = check_gamma(gamma)  # the most tokens next() ever returns
 
     def reset(self) -> None:
         """A new generation starts: forget what earlier ones taught."""
@@ -83,7 +82,7 @@ class Heuristic(DraftLength):
     def __init__(self, gamma: int, start: int | None = None) -> None:
         super().__init__(gamma)
         self.start = gamma if start is None else start
-        if not isinstance(self.start, int) or not 1 <= self.start <= gamma:
+        if not is_int(self.start) or not 1 <= self.start <= gamma:
             raise MinispecError(f"heuristic draft length: start = {start!r}; expected an integer in 1..gamma={gamma}")
         self.length = self.start
 

@@ -5,7 +5,7 @@ The chain (minispec.speculative), the tree (minispec.tree_speculative) and the b
 each chapter imports them from here and never from another chapter:
 
     check:    prompt, params, generator, eos = check_request(...)    one-line errors, then the run's state
-    prefill:  logits = prefill(target, prompt, cache)                  the last prompt row only: [V]
+    prefill:  tokens, reason, seconds = first_token(target, prompt, cache, ...)   the prompt, its first token
     verify:   inp = verify_input(draft, target_logits, ...)            what a chain policy sees
     commit:   emitted, reason = commit(tokens, emitted, eos, ...)      token by token, up to the first end
     count:    record_step(steps, g, n, len(emitted), info)             minispec.stats counts the step
@@ -16,6 +16,7 @@ committed token but the last) is each chapter's own and is stated there.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,7 +28,7 @@ from minispec.checks import is_int, positive_int
 from minispec.drafters import Draft
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.model import Transformer
-from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.sampling import SamplingParams, logits_to_probs, next_token
 from minispec.stats import StepStats
 
 # Called with each batch of newly emitted tokens, as soon as they are known (for streaming):
@@ -140,7 +141,7 @@ def refuse(chapter: str, **given) -> None:
     """A one-line error for an argument `chapter` cannot apply (given: name -> value; None = not given)."""
     for name, value in given.items():
         if value is not None:
-            raise MinispecError(f"{name} = {value!r}: not available {chapter}; expected {name}=None")
+            raise MinispecError(f"{name}: not available {chapter}; expected {name}=None")
 
 
 # ---------------------------------------------------------------- the steps
@@ -153,6 +154,20 @@ def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
     """
     hidden = target.forward_hidden(torch.tensor([prompt], device=target.device), cache)  # [1, P, d]
     return target.head(hidden[0, -1])
+
+
+def first_token(target: Transformer, prompt: list[int], cache, params: SamplingParams, generator: torch.Generator,
+                eos: set[int], max_new_tokens: int, stop_when: StopCondition | None,
+                on_tokens: TokenCallback | None) -> tuple[list[int], str | None, float]:
+    """Prefill, then the first new token from the prompt's last row, exactly as plain decoding
+    picks it (and streams it): (tokens so far, the finish reason or None, the prefill's seconds)."""
+    start = time.perf_counter()
+    logits = prefill(target, prompt, cache)  # [V]
+    prefill_seconds = time.perf_counter() - start
+    tokens = [next_token(logits, params, generator)]
+    if on_tokens is not None:
+        on_tokens(tokens[:], 0, 0)
+    return tokens, finish_reason(tokens, eos, max_new_tokens, stop_when), prefill_seconds
 
 
 def score(head: Callable[[torch.Tensor], torch.Tensor], policy: AcceptancePolicy,

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
+from numbers import Real
 
 import torch
 
+from minispec.checks import positive_int
 from minispec.errors import MinispecError
 
 
@@ -41,9 +42,8 @@ class SamplingParams:
         t = self.temperature
         if not _is_real(t) or not (t == 0 or MIN_TEMPERATURE <= t < math.inf):
             raise MinispecError(f"temperature = {t!r}; expected 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}")
-        k = self.top_k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, Integral) or k < 1):
-            raise MinispecError(f"top_k = {k!r}; expected an integer >= 1")
+        if self.top_k is not None:
+            positive_int(self.top_k, "top_k")
         if self.top_p is not None and not (_is_real(self.top_p) and 0 < self.top_p <= 1):  # nan fails too
             raise MinispecError(f"top_p = {self.top_p!r}; expected a number 0 < top_p <= 1")
 

@@ -16,6 +16,11 @@ Speculative decoding (Leviathan et al. 2022; Chen et al. 2023) replaces the repe
 
 A target pass over g+1 tokens costs about as much as over 1 when decoding is memory-bound
 (the weights are read once either way), so every accepted draft is a token for free.
+
+This file is chapter 1's loop: speculative_decode (the loop), plain_decode (the baseline) and
+generate (one prompt: checks, then one of the two). What every loop shares (results, checks,
+prefill, commit, counting) is minispec.loop; trees and batches are chapters of their own, and
+minispec.decode.generate is the front door that hands a call to the right one.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from minispec.checks import check_gamma
 from minispec.draft_length import DraftLength
 from minispec.drafters import Draft, Drafter, make_drafter
 from minispec.loop import (GenerationResult, StepRecord, StopCondition, TokenCallback, check_request, commit,
-                           finish_reason, prefill, record_step, score, verify_input)
+                           finish_reason, first_token, prefill, record_step, score, verify_input)
 from minispec.model import Transformer
 from minispec.sampling import next_token
 from minispec.stats import PhaseTimer, StepStats, run_stats
@@ -58,12 +63,8 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
 
     # Prefill: score the prompt; its last row gives the first new token, exactly as in plain decoding.
     t0 = time.perf_counter()
-    logits = prefill(target, prompt, cache)  # [V]
-    t_prefill = time.perf_counter() - t0
-    tokens = [next_token(logits, params, generator)]
-    if on_tokens is not None:
-        on_tokens(tokens[:], 0, 0)
-    reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
+    tokens, reason, t_prefill = first_token(target, prompt, cache, params, generator, eos, max_new_tokens, stop_when,
+                                            on_tokens)
 
     while reason is None:
         seq = prompt + tokens

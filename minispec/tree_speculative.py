@@ -44,10 +44,10 @@ from minispec.acceptance import AcceptancePolicy, ExactMatch, SpeculativeSamplin
 from minispec.acceptance.trees import TreeDecision, TreeInput, walk_for
 from minispec.checks import check_gamma, is_int
 from minispec.errors import MinispecError
-from minispec.loop import (GenerationResult, StopCondition, TokenCallback, check_request, commit, finish_reason,
-                           prefill, record_step, refuse)
+from minispec.loop import (GenerationResult, StopCondition, TokenCallback, check_request, commit, first_token,
+                           record_step, refuse)
 from minispec.model import Transformer
-from minispec.sampling import SamplingParams, next_token
+from minispec.sampling import SamplingParams
 from minispec.stats import PhaseTimer, StepStats, run_stats
 from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
 from minispec.tree_drafters import TreeDrafter, TreeSpec, make_tree_drafter
@@ -127,12 +127,8 @@ def tree_decode(target: Transformer, drafter: TreeDrafter, policy: AcceptancePol
     timer = PhaseTimer("draft", "verify", "policy")
     steps = StepStats(max(1, min(max_depth, max_new_tokens - 1)))
     t0 = time.perf_counter()
-    logits = prefill(target, prompt, cache)  # [V]
-    t_prefill = time.perf_counter() - t0
-    tokens = [next_token(logits, params, generator)]
-    if on_tokens is not None:
-        on_tokens(tokens[:], 0, 0)
-    reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
+    tokens, reason, t_prefill = first_token(target, prompt, cache, params, generator, eos, max_new_tokens, stop_when,
+                                            on_tokens)
     nodes_verified = 0
     depth_histogram = [0] * (max_depth + 1)
 

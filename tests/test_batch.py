@@ -290,3 +290,52 @@ def test_a_prompt_longer_than_the_model_names_its_row():
     target = random_model(tiny_config(), 0)  # max_position_embeddings 128
     with pytest.raises(CacheOverflowError, match=r"^prompts\[1\]: prompt of 126 tokens \+ max_new_tokens=4"):
         generate_batch(target, [[1], [1] * 126], max_new_tokens=4)
+
+
+@given(cfg=model_configs(), seed=seeds, lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+       batch_size=st.integers(1, 4), draft=st.sampled_from([None, "ngram", "random"]))
+def test_on_finish_reports_each_row_once_when_it_ends_with_its_result(cfg, seed, lengths, batch_size, draft):
+    """on_finish(i, result): once per prompt, right after the row's last tokens were streamed and
+    never before; the result is the one BatchResult holds (its finish reason the loop's own); the
+    groups of batch_size prompts finish one after another. Rows end at different steps here: a
+    token divisible by 4 stops a row, else max_new_tokens does."""
+    target = random_model(cfg, seed, scale=3.0)
+    prompts = [[(seed + 7 * i + j) % cfg.vocab_size for j in range(n)] for i, n in enumerate(lengths)]
+    streamed = {i: [] for i in range(len(prompts))}
+    finished, results = [], {}
+
+    def on_tokens(index, tokens, num_accepted, num_proposed):
+        assert index not in finished, f"tokens for prompt {index} after it finished"
+        streamed[index].extend(tokens)
+
+    def on_finish(index, result):
+        assert index not in finished and streamed[index] == result.tokens
+        finished.append(index)
+        results[index] = result
+
+    batch = generate_batch(target, prompts, max_new_tokens=8, draft=build_draft(draft, target, seed) if draft else None,
+                           batch_size=batch_size, eos_token_ids=[], on_tokens=on_tokens, on_finish=on_finish,
+                           stop_when=lambda tokens: tokens[-1] % 4 == 0, seed=seed)
+    assert sorted(finished) == list(range(len(prompts)))
+    for index, result in results.items():
+        assert result is batch[index]
+        assert result.finish_reason == ("stop" if result.tokens[-1] % 4 == 0 else "length")
+    for first in range(0, len(prompts), batch_size):  # a group's rows all finish before the next group's
+        group = set(range(first, min(first + batch_size, len(prompts))))
+        assert set(finished[first:first + len(group)]) == group
+
+
+def test_an_error_about_one_prompt_says_which_in_its_index():
+    target = random_model(tiny_config(), 0)
+    limit = target.config.max_position_embeddings
+    prompts = [[1, 2], [1] * limit, [3]]
+    with pytest.raises(CacheOverflowError) as caught:
+        generate_batch(target, prompts, max_new_tokens=2)
+    err = caught.value
+    assert err.prompt_index == 1 and str(err) == f"prompts[1]: {err.reason}" and err.reason.startswith("prompt of")
+    with pytest.raises(MinispecError) as caught:
+        generate_batch(target, [[1], [2], []], max_new_tokens=2)
+    assert caught.value.prompt_index == 2 and "empty" in caught.value.reason
+    with pytest.raises(MinispecError) as caught:
+        generate_batch(target, [[1]], max_new_tokens=0)
+    assert caught.value.prompt_index == 0

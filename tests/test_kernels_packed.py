@@ -24,6 +24,10 @@ from minispec.kernels import packed
 from minispec.kernels.int8 import Int8Linear
 from minispec.ragged_cache import RaggedKVCache
 from minispec.testing import model_configs, random_model, seeds, tiny_config
+
+NEEDS_BF16_PACKING = pytest.mark.skipif(not packed.packs(torch.bfloat16),
+                                        reason="this CPU's oneDNN has no packed bfloat16 matmul "
+                                               "(no AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
 from minispec.tree import DraftTree, tree_mask, tree_positions
 
 INT8_CONFIG = tiny_config(hidden_size=32, intermediate_size=48)  # widths the int8 kernel takes (multiples of 16)
@@ -93,6 +97,7 @@ def test_fast_equals_reference_float32(cfg, seed):
         assert (fast(ids[:, 9:], cache) - want[:, 9:]).abs().max().item() <= _tolerance(want)
 
 
+@NEEDS_BF16_PACKING
 def test_fast_bfloat16_is_at_least_as_close_to_float32_as_the_reference_bfloat16(real_ckpt, real_model, real_tokenizer):
     ids = torch.tensor([real_tokenizer.encode("The Roman Empire began when Augustus became the first emperor, and")])
     with torch.no_grad():
@@ -164,6 +169,7 @@ def test_apply_drafter_rewrites_only_a_separate_reference_draft_model():
     assert kernels.kind_of(int8_draft.model) == "int8" and kernels.kind_of(target) == "reference"
 
 
+@NEEDS_BF16_PACKING
 def test_the_reference_model_keeps_its_dtype_everywhere_and_fast_computes_in_float32():
     model = random_model(tiny_config(), 0, dtype=torch.bfloat16)
     ids = torch.tensor([[1, 2, 3]])
@@ -210,6 +216,29 @@ def test_apply_errors_name_the_flag_and_what_is_expected(monkeypatch):
     monkeypatch.setattr(packed, "packed_kernels_available", lambda: False)
     _one_line_error(model, "fast", r"^--kernels fast: this torch build has no oneDNN")
     assert kernels.kind_of(model) == "reference"
+
+
+def test_a_dtype_this_cpu_cannot_pack_is_refused_and_auto_keeps_model_py(monkeypatch):
+    """oneDNN packs bfloat16 only on CPUs with the instructions its kernels need: elsewhere "fast" on a
+    bfloat16 model is one line naming --dtype, and --kernels auto leaves that model as written."""
+    bf16 = random_model(tiny_config(), 0, dtype=torch.bfloat16)
+    fp32 = random_model(tiny_config(), 0, dtype=torch.float32)
+    monkeypatch.setattr(packed, "packs", lambda dtype: dtype == torch.float32)
+    _one_line_error(bf16, "fast", r"^--kernels fast: this CPU's oneDNN has no packed torch.bfloat16 matmul .*"
+                                  r"expected --dtype float32, or --kernels reference$")
+    assert kernels.kind_of(bf16) == "reference"
+    assert kernels.auto_kind(bf16) == "reference" and kernels.auto_kind(fp32) == "fast"
+
+
+def test_the_packing_probe_says_what_this_cpu_can_do():
+    """float32 packs wherever oneDNN is; the bfloat16 answer is the CPU's, and it is what apply obeys."""
+    assert packed.packs(torch.float32) == packed.packed_kernels_available()
+    assert not packed.packs(torch.float64)
+    model = random_model(tiny_config(), 0, dtype=torch.bfloat16)
+    if packed.packs(torch.bfloat16):
+        assert kernels.kind_of(kernels.apply(model, "fast")) == "fast"
+    else:
+        _one_line_error(model, "fast", r"no packed torch.bfloat16 matmul")
 
 
 @pytest.mark.parametrize("rows", [3, 40])  # the int8 kernel (<= 32 rows) and the dequantized GEMM

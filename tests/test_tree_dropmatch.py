@@ -257,6 +257,6 @@ def test_policies_without_a_tree_form_are_one_line_errors():
     logits = torch.zeros(2, 4)
     with pytest.raises(MinispecError, match="dropmatch-lazy.*no tree form"):
         decide_tree(LazyDropMatch(), tree, logits, torch.zeros(2, 3), lambda h: h, SamplingParams(), torch.Generator())
-    path, _, _ = decide_tree(TypicalAcceptance(eps=0.1, delta=1.0), tree, logits, torch.zeros(2, 3), lambda h: h,
-                             SamplingParams(), torch.Generator())
-    assert path == [0]  # a flat target row: every token is typical
+    decision = decide_tree(TypicalAcceptance(eps=0.1, delta=1.0), tree, logits, torch.zeros(2, 3), lambda h: h,
+                           SamplingParams(), torch.Generator())
+    assert decision.path == [0]  # a flat target row: every token is typical

@@ -60,6 +60,7 @@ import torch
 from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputError, VerifyInput, first_rejection,
                                       is_number, register)
 from minispec.acceptance.sampling import correction_or_bonus, sample_acceptances
+from minispec.checks import is_int, positive_int
 from minispec.errors import MinispecError
 from minispec.sampling import greedy_token, sample_token
 
@@ -129,13 +130,12 @@ class DropMatch(AcceptancePolicy):
                  or_base: bool = True, seed: int | None = None, js_temperature: float = 1.0) -> None:
         if not (is_number(p) and 0 <= p < 1):
             raise MinispecError(f"dropmatch p = {p}; expected 0 <= p < 1")
-        if isinstance(paths, bool) or not isinstance(paths, int) or paths < 1:
-            raise MinispecError(f"dropmatch paths = {paths!r}; expected an integer >= 1")
+        positive_int(paths, "dropmatch paths")
         if criterion not in CRITERIA:
             raise MinispecError(f"dropmatch criterion = {criterion!r}; expected one of {list(CRITERIA)}")
         if majority not in MAJORITY_RULES:
             raise MinispecError(f"dropmatch majority = {majority!r}; expected one of {list(MAJORITY_RULES)}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+        if seed is not None and (not is_int(seed) or not 0 <= seed < 2**64):
             raise MinispecError(f"dropmatch seed = {seed!r}; expected None or an integer 0 <= seed < 2**64")
         if not (is_number(js_temperature) and 0 < js_temperature < float("inf")):
             raise MinispecError(f"dropmatch js_temperature = {js_temperature!r}; expected a finite number > 0")

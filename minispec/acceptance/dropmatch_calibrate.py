@@ -37,6 +37,7 @@ import torch
 
 from minispec.errors import MinispecError
 
+CALIBRATION_TOKENS = 32  # how much of the target's greedy continuation `--dropout-p auto` calibrates on
 DEFAULT_LEVEL = 0.8  # the agreement `--dropout-p auto` aims for (docs/dropmatch.md: why)
 DEFAULT_COMPETITORS = 32
 
@@ -176,23 +177,18 @@ def bracket_p(agreement: Callable[[float], float], level: float, p_max: float = 
     return lo, hi
 
 
-def auto_dropout_p(model, prompt_ids: list[int], paths: int, level: float = DEFAULT_LEVEL,
-                   calibration_tokens: int = 32, eos_token_ids=(), continuation: list[int] | None = None,
-                   seed: int = 0, steps: int = 16) -> float:
+def auto_dropout_p(model, prompt_ids: list[int], paths: int, level: float = DEFAULT_LEVEL, *,
+                   continuation: list[int], seed: int = 0, steps: int = 16) -> float:
     """`--dropout-p auto`: the p whose measured all-K head agreement is `level` at the positions
-    DropMatch will judge: those of the target's own greedy continuation of the prompt (its first
-    `calibration_tokens` tokens, plain decoding), whose LM-head inputs come from one forward.
+    DropMatch will judge: those of the target's own greedy `continuation` of the prompt (the CLI
+    takes its first CALIBRATION_TOKENS tokens, decoded plainly), whose LM-head inputs come from
+    one forward.
 
     Measured (MeasuredAgreement, seeded: the same prompt gives the same p), not estimated: the
     first-order estimate is exact only while few coordinates are dropped, and a calibration of
-    a few dozen positions costs about a second. `continuation`: that greedy continuation, if the
-    caller has it already.
+    a few dozen positions costs about a second. The caller decodes the continuation (this module
+    sits below the decoding loops, which import the acceptance policies).
     """
-    if continuation is None:
-        from minispec.speculative import generate
-
-        continuation = generate(model, prompt_ids, max_new_tokens=calibration_tokens,
-                                eos_token_ids=eos_token_ids).tokens
     ids = prompt_ids + continuation
     with torch.inference_mode():
         hidden = model.forward_hidden(torch.tensor([ids], device=model.device))[0]  # [P + n, d]

@@ -70,6 +70,7 @@ import torch
 
 from minispec.acceptance.base import Decision, VerifyInput, first_rejection, register
 from minispec.acceptance.dropmatch import DropMatch, head_inputs, js_divergence, vote_acceptances
+from minispec.checks import is_int
 from minispec.errors import MinispecError
 from minispec.sampling import greedy_token
 
@@ -146,7 +147,7 @@ class LazyDropMatch(DropMatch):
     def __init__(self, p: float = 0.3, paths: int = 5, criterion: str = "js_or_majority", majority: str = "strict",
                  or_base: bool = True, seed: int | None = None, js_temperature: float = 1.0,
                  prefetch: int = 1) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        if not is_int(prefetch) or prefetch < 0:
             raise MinispecError(f"dropmatch-lazy prefetch = {prefetch!r}; expected an integer >= 0")
         self.prefetch = prefetch
         self._kept = None  # (hidden, masks [K, gamma+1, d], generator state before them, n) from the hook

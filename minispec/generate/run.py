@@ -73,9 +73,12 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
     prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
     p = args.dropout_p
     if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
-        from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
+        from minispec.acceptance.dropmatch_calibrate import CALIBRATION_TOKENS, auto_dropout_p
+        from minispec.speculative import generate as generate_chain
 
-        p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, eos_token_ids=tokenizer.eos_token_ids)
+        continuation = generate_chain(model, prompt_ids, max_new_tokens=CALIBRATION_TOKENS,
+                                      eos_token_ids=tokenizer.eos_token_ids).tokens  # the target's own, plainly
+        p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, continuation=continuation)
     _apply_kernels(args, model, drafter, ckpt)
     policy = _policy(args, p)
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
@@ -138,11 +141,14 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> None:
     """--kernels: rewrite the loaded model (and a draft model) in place."""
     from minispec import kernels
 
-    kind = args.kernels
-    if kind == "auto":  # fast where the packed weights apply (float32/bfloat16 on the CPU), else model.py as written
-        kind = "fast" if model.device.type == "cpu" and model.dtype in kernels.packed.SUPPORTED_DTYPES else "reference"
+    auto = args.kernels == "auto"  # each model fast where its packed weights apply, else model.py as written
+    kind = kernels.auto_kind(model) if auto else args.kernels
     kernels.apply(model, kind, checkpoint=ckpt)
-    kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
+    draft_model = None if drafter is None else drafter.model
+    if auto and draft_model is not None:  # a bfloat16 self-draft on a CPU that packs float32 only: reference
+        kernels.apply_drafter(drafter, kernels.auto_kind(draft_model))
+    else:
+        kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
     if kind == "compiled":
         if not args.json:
             print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)

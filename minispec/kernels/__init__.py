@@ -37,6 +37,12 @@ def kind_of(model: Transformer) -> str:
     return model.kind if isinstance(model, packed.FastTransformer) else "reference"
 
 
+def auto_kind(model: Transformer) -> str:
+    """--kernels auto for `model`: "fast" where its packed weights apply (a float32 or bfloat16 model
+    on the CPU, in a dtype this CPU's oneDNN packs: packed.packs), else "reference"."""
+    return "fast" if model.device.type == "cpu" and packed.packs(model.dtype) else "reference"
+
+
 def apply(model: Transformer, kind: str, *, checkpoint: str | Path | None = None) -> Transformer:
     """Rewrite `model` in place to `kind` (one of KINDS) and return it (the same object).
 
@@ -45,7 +51,7 @@ def apply(model: Transformer, kind: str, *, checkpoint: str | Path | None = None
     point 5). Applying the kind a model already has does nothing. Raises MinispecError (one
     line, naming --kernels) for an unknown kind, a model already rewritten to another kind, a
     dtype other than float32 / bfloat16, a model not on the CPU, a torch build without oneDNN
-    (fast), no C++ compiler (compiled), layer widths the int8 kernel cannot take, or a checkpoint
+    or a CPU whose oneDNN does not pack the model's dtype (fast), no C++ compiler (compiled), layer widths the int8 kernel cannot take, or a checkpoint
     that does not hold the model's embedding table. Every check runs before anything is changed.
     """
     if kind not in KINDS:

@@ -43,6 +43,7 @@ kernels/int8.py and kernels/compiled.py reuse this rewrite with other linear lay
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,6 +61,20 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 def packed_kernels_available() -> bool:
     """True when this torch build has oneDNN (mkldnn) and its packed inner-product op."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs and runs `dtype` weights on this CPU: float32 wherever oneDNN is, bfloat16
+    only with the instructions its kernels need (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only
+    CPU has neither). Probed once per dtype on a 16 x 16 weight."""
+    if dtype not in SUPPORTED_DTYPES or not packed_kernels_available():
+        return False
+    try:
+        PackedLinear(torch.ones(16, 16, dtype=dtype), None)(torch.ones(1, 16))
+    except RuntimeError:  # "... bf16 path needs the cpu support ...": oneDNN's own refusal
+        return False
+    return True
 
 
 class PackedLinear(nn.Module):
@@ -258,10 +273,18 @@ def rewrite(model: Transformer, linear: Callable[[torch.Tensor, torch.Tensor | N
 def apply(model: Transformer, checkpoint: str | Path | None = None) -> FastTransformer:
     """The fast kind: packed, fused weights (module docstring); in place, returns the model."""
     check_supported(model, "fast")
-    if not packed_kernels_available():
-        raise MinispecError("--kernels fast: this torch build has no oneDNN (torch.backends.mkldnn); "
-                            "expected a CPU build with it, or --kernels reference")
+    check_packs(model.dtype, "fast")
     return rewrite(model, PackedLinear, FastTransformer, checkpoint)
+
+
+def check_packs(dtype: torch.dtype, kind: str) -> None:
+    """Raise MinispecError unless oneDNN packs `dtype` weights here (packs)."""
+    if not packed_kernels_available():
+        raise MinispecError(f"--kernels {kind}: this torch build has no oneDNN (torch.backends.mkldnn); "
+                            "expected a CPU build with it, or --kernels reference")
+    if not packs(dtype):
+        raise MinispecError(f"--kernels {kind}: this CPU's oneDNN has no packed {dtype} matmul (it needs AVX-512 "
+                            "BW/VL/DQ or AVX-NE-CONVERT); expected --dtype float32, or --kernels reference")
 
 
 def _embedding(model: Transformer, checkpoint: str | Path | None, kind: str) -> FastEmbedding:
