@@ -35,7 +35,6 @@ from minispec.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
 from minispec.sampling import SamplingParams, logits_to_probs, next_token
 
 
-
 class BatchDrafter(ABC):
     """Interface of the batch loop's drafters (module docstring)."""
 

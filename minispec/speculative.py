@@ -139,7 +139,6 @@ def plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_toke
     return GenerationResult(tokens=tokens, stats=stats)
 
 
-
 @torch.inference_mode()
 def generate(
     target: Transformer,

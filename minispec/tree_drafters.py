@@ -193,7 +193,6 @@ class ModelTreeDrafter(TreeDrafter):
             return DraftTree([], [], torch.zeros(0, vocab_size))
         return DraftTree(tokens, parents, torch.stack(rows), torch.stack(logit_rows))  # [N, V] each
 
-
     def feed_level(self, tree: DraftTree, first_new: int, base: int) -> torch.Tensor:
         """Feed the level of nodes first_new.. of `tree` in ONE pass over the draft cache: their draft logits [m, V].
 
@@ -265,7 +264,6 @@ class TreeSpec:
         object.__setattr__(self, "branching", check_branching(self.branching, "tree branching"))
         if self.width is not None:
             positive_int(self.width, "tree width", "None: a static tree")
-
 
 
 def make_tree_drafter(spec, target: Transformer, tree: TreeSpec) -> TreeDrafter:

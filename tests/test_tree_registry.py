@@ -8,7 +8,6 @@ what decides; and a policy without a walk is one line that says how to give it o
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, strategies as st
 
 from minispec.acceptance import AcceptancePolicy, Decision, ExactMatch, SpeculativeSampling, register

@@ -56,7 +56,6 @@ tokens per drafted step (tau_drafted in --json); tau also counts steps that draf
 """
 
 
-
 @dataclass(frozen=True)
 class GenerateArgs:
     ckpt: str | None
@@ -97,7 +96,6 @@ class GenerateArgs:
     given: frozenset[str] = frozenset()  # the flags given on the command line (their dest names)
 
 
-
 def build_parser() -> Parser:
     from minispec.acceptance.dropmatch_calibrate import DEFAULT_LEVEL
     from minispec.sampling import MIN_TEMPERATURE
@@ -135,7 +133,8 @@ def build_parser() -> Parser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
     p.add_argument("--kernels", choices=["auto", "fast", "compiled", "reference"], default="auto",
-                   help="auto: fast where it applies (a float32/bfloat16 model on the CPU), else reference; "
+                   help="auto: fast for each model where it applies (float32, or bfloat16 on a CPU whose oneDNN "
+                        "packs it, on the CPU), else reference; "
                         "fast: minispec.kernels' packed, fused weights (CPU only); compiled: the same blocks with "
                         "decoding steps compiled by TorchInductor (CPU only; compiles for minutes on first use, holds "
                         "several copies of the weights); reference: model.py exactly as written")

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+
 def use_colour(when: str) -> bool:
     """--color: always, never, or auto = stdout is a terminal and NO_COLOR is not set (no-color.org)."""
     if when != "auto":
@@ -110,7 +111,6 @@ def _held_back(text: str, stops: tuple[str, ...]) -> int:
     """Length of the longest end of `text` that is the beginning of a stop string."""
     return max((k for s in stops for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
                default=0)
-
 
 
 def report(args, out: dict) -> int:

@@ -21,6 +21,7 @@ from minispec.generate.printing import Printer, StopStrings, decoded_text, print
 if TYPE_CHECKING:
     import torch
 
+
 @dataclass
 class Progress:
     """How far a one-prompt run got: what an interrupted run reports."""
