@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from minispec.checks import is_int
 from minispec.errors import CheckpointError, MinispecError
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decode of an incomplete UTF-8 sequence ends with
@@ -277,7 +278,7 @@ def _ids_of(backend, token: str | None) -> list[int]:
 def _token_ids(value, vocab_size: int, where: str) -> list[int]:
     """A bos/eos field (an id, a list of ids, or unset) as a list, every id checked against the vocabulary."""
     ids = [] if value is None else value if isinstance(value, list) else [value]
-    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+    if not all(is_int(i) and 0 <= i < vocab_size for i in ids):
         raise CheckpointError(f"{where} = {value!r}; expected a token id (an integer) or a list of them, each "
                               f"0 <= id < {vocab_size} (the tokenizer's vocabulary)")
     return ids

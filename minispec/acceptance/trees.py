@@ -102,10 +102,9 @@ def walk_for(policy: AcceptancePolicy) -> TreeWalk:
     """The registered tree walk of `policy`'s class, else a one-line error naming the policies that have one."""
     walk = _WALKS.get(type(policy))
     if walk is None:
-        have = sorted(cls.name for cls in _WALKS)
-        raise MinispecError(f"policy {policy.name!r} has no tree form; expected one of {have} with a tree "
-                            "(or a chain: no tree; a policy of your own joins with "
-                            "minispec.acceptance.trees.register_walk)")
+        raise MinispecError(f"policy {policy.name!r} has no tree form; expected {', '.join(BUILT_IN_WALKS)} or a "
+                            "policy with a walk of its own (minispec.acceptance.trees.register_walk) with a tree, "
+                            "or a chain: no tree")
     return walk
 
 
@@ -392,3 +391,6 @@ def dropmatch_tree(policy: DropMatch, inp: TreeInput) -> TreeDecision:
     target_logits = inp.target_logits.double()  # [N+1, V]
     return TreeDecision(*dropmatch_walk(inp.tree, target_logits, inp.p_target, inp.hidden, inp.head, inp.params,
                                         inp.generator, policy))
+
+
+BUILT_IN_WALKS = tuple(sorted(cls.name for cls in _WALKS))  # the policies minispec itself walks on trees
