@@ -20,8 +20,8 @@ from pathlib import Path
 
 from minispec.errors import CheckpointError
 
-# what a checkpoint folder needs: config.json, tokenizer*.json, model*.safetensors(.index.json)
-ALLOW_PATTERNS = ["*.json", "*.safetensors"]
+# what a checkpoint folder needs: config.json, tokenizer*.json, chat_template.jinja, model*.safetensors(.index.json)
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "chat_template.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the hub spells repo ids
 
 

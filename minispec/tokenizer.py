@@ -11,8 +11,10 @@ strings in the text, such as "<|im_start|>", are recognised as their single ids.
 The chat template is rendered the way transformers does it (sandboxed jinja2, trim_blocks and
 lstrip_blocks, `raise_exception`, a `tojson` that does not escape HTML), so the ids equal
 `AutoTokenizer.apply_chat_template(..., tokenize=True)` for the same folder. A template that does
-not parse, calls `raise_exception`, or fails while rendering is a CheckpointError naming
-tokenizer_config.json's chat_template (a bare undefined name renders as '', as in transformers).
+not parse, calls `raise_exception`, or fails while rendering is a CheckpointError naming where the
+template came from (a bare undefined name renders as '', as in transformers): the folder's
+chat_template.jinja where it has one (transformers 5 and newer hub folders keep it there; it wins
+over the field, as in transformers), else tokenizer_config.json's chat_template.
 
 What is read is checked where it is read: bos/eos ids must be token ids of this vocabulary (from
 generation_config.json, tokenizer_config.json's token strings or config.json, in that order of
@@ -45,13 +47,15 @@ class Tokenizer:
 
     def __init__(self, backend, *, chat_template: str | None = None, bos_token: str | None = None,
                  eos_token: str | None = None, bos_token_id: int | None = None, eos_token_ids: list[int] | None = None,
-                 source: str = "tokenizer"):
+                 source: str = "tokenizer", template_source: str | None = None):
         self.backend = backend  # a tokenizers.Tokenizer
         self.chat_template = chat_template
         self.bos_token, self.eos_token = bos_token, eos_token
         self.bos_token_id = bos_token_id
         self.eos_token_ids = list(eos_token_ids or [])  # generation stops at any of these
         self.source = source  # the folder, for error messages
+        # where the chat template came from, for error messages: a file, or a file and its field
+        self.template_source = template_source or f"{source}/tokenizer_config.json: chat_template"
         self._template = None  # compiled lazily
 
     @property
@@ -73,10 +77,11 @@ class Tokenizer:
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables) -> str:
         """The chat template rendered as text, e.g. '<|im_start|>system\\n...<|im_start|>assistant\\n'."""
         if not self.chat_template:
-            raise CheckpointError(f"{self.source}/tokenizer_config.json: no 'chat_template' field; expected a jinja2 chat template (or use plain text prompts)")
+            raise CheckpointError(f"{self.source}/tokenizer_config.json: no 'chat_template' field (and no "
+                                  "chat_template.jinja); expected a jinja2 chat template (or use plain text prompts)")
         import jinja2
 
-        where = f"{self.source}/tokenizer_config.json: chat_template"
+        where = self.template_source
         try:
             if self._template is None:
                 self._template = _compile_chat_template(self.chat_template)
@@ -170,8 +175,22 @@ def load_tokenizer(path: str | Path, revision: str | None = None) -> Tokenizer:
     eos_ids = _first_set(ids(gen_config, "generation_config", "eos_token_id"), _ids_of(backend, eos_token),
                          ids(model_config, "config", "eos_token_id"))
     chat_template = _template_string(tok_config.get("chat_template"), files["tokenizer_config"])
+    template_source = None
+    jinja_file = folder / "chat_template.jinja"  # where transformers 5 and newer hub folders keep it
+    if jinja_file.is_file():  # it wins over tokenizer_config.json's field, as in transformers
+        chat_template, template_source = _read_template_file(jinja_file), str(jinja_file)
     return Tokenizer(backend, chat_template=chat_template, bos_token=bos_token, eos_token=eos_token,
-                     bos_token_id=bos_ids[0] if bos_ids else None, eos_token_ids=eos_ids, source=str(folder))
+                     bos_token_id=bos_ids[0] if bos_ids else None, eos_token_ids=eos_ids, source=str(folder),
+                     template_source=template_source)
+
+
+def _read_template_file(path: Path) -> str:
+    """A chat_template.jinja file's text (UTF-8), or a one-line CheckpointError naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise CheckpointError(f"{path}: cannot be read ({reason}); expected a UTF-8 jinja2 chat template") from None
 
 
 def check_text(text: str, what: str) -> str:

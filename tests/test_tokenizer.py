@@ -276,3 +276,25 @@ def test_sizes_further_apart_than_padding_are_an_error(tmp_path):
 
 def test_the_real_tokenizer_matches_itself(real_tokenizer):
     check(real_tokenizer, real_tokenizer)
+
+
+def test_a_folders_chat_template_jinja_is_its_template_and_wins_over_the_field(real_ckpt, tmp_path):
+    """chat_template.jinja (where transformers 5 writes the template): read as the template, ahead of
+    tokenizer_config.json's field; its errors name the file; a file that is not UTF-8 is one line."""
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "field:{{ messages[0].content }}"}))
+    assert load_tokenizer(tmp_path).render_chat(QUESTION) == "field:" + QUESTION[0]["content"]
+    (tmp_path / "chat_template.jinja").write_text("file:{% for m in messages %}{{ m.role }}={{ m.content }}{% endfor %}",
+                                                 encoding="utf-8")
+    tok = load_tokenizer(tmp_path)
+    assert tok.render_chat(QUESTION) == "file:user=" + QUESTION[0]["content"]
+    assert tok.apply_chat_template(QUESTION) == tok.encode(tok.render_chat(QUESTION))
+    (tmp_path / "tokenizer_config.json").unlink()  # the file alone is enough
+    assert load_tokenizer(tmp_path).render_chat(QUESTION).startswith("file:")
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}")
+    with pytest.raises(CheckpointError) as error:
+        load_tokenizer(tmp_path).render_chat(QUESTION)
+    assert str(error.value).startswith(f"{tmp_path / 'chat_template.jinja'} does not parse") and "\n" not in str(error.value)
+    (tmp_path / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+    with pytest.raises(CheckpointError, match=r"chat_template\.jinja: cannot be read .*expected a UTF-8 jinja2"):
+        load_tokenizer(tmp_path)
