@@ -70,9 +70,14 @@ class TreeInput:
     head: Callable[[torch.Tensor], torch.Tensor] | None = None  # the target's LM head
 
     @cached_property
+    def target_logits64(self) -> torch.Tensor:
+        """[N+1, V] target_logits in float64, what the sampling-based walks compute with (once per step)."""
+        return self.target_logits.double()
+
+    @cached_property
     def p_target(self) -> torch.Tensor:
         """[N+1, V] the target's post-processed distributions, in float64 (computed on first use)."""
-        return logits_to_probs(self.target_logits.double(), self.params)
+        return logits_to_probs(self.target_logits64, self.params)
 
 
 @dataclass
@@ -380,16 +385,14 @@ def sampling_tree(policy: SpeculativeSampling, inp: TreeInput) -> TreeDecision:
 @register_walk(TypicalAcceptance)
 def typical_tree(policy: TypicalAcceptance, inp: TreeInput) -> TreeDecision:
     """typical: the first typical child, with the policy's eps, delta and criterion temperature."""
-    target_logits = inp.target_logits.double()  # [N+1, V]
-    return TreeDecision(*typical_walk(inp.tree, target_logits, inp.p_target, inp.params, inp.generator, policy.eps,
+    return TreeDecision(*typical_walk(inp.tree, inp.target_logits64, inp.p_target, inp.params, inp.generator, policy.eps,
                                       policy.delta, policy.greedy_criterion_temperature))
 
 
 @register_walk(DropMatch)
 def dropmatch_tree(policy: DropMatch, inp: TreeInput) -> TreeDecision:
     """dropmatch: K dropout heads judge each node at its parent's row, OR-ed with the base."""
-    target_logits = inp.target_logits.double()  # [N+1, V]
-    return TreeDecision(*dropmatch_walk(inp.tree, target_logits, inp.p_target, inp.hidden, inp.head, inp.params,
+    return TreeDecision(*dropmatch_walk(inp.tree, inp.target_logits64, inp.p_target, inp.hidden, inp.head, inp.params,
                                         inp.generator, policy))
 
 
