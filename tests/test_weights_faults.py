@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import minispec.weights as weights
+from minispec.convert import convert_gguf
 from minispec import load_model, load_tokenizer
 from minispec.errors import CheckpointError
 from minispec.weights import ensure_default_checkpoint, main
@@ -35,10 +36,11 @@ CONVERT = """
 import os, sys, time
 from pathlib import Path
 import minispec.weights as weights
+from minispec.convert import convert_gguf
 
 gguf_path, dest, force, log, barrier = (sys.argv[1:] + [""])[:5]
 
-def fake_fetch(workdir, *, quiet=False):  # the tiny GGUF instead of the 93 MB download; each call logged
+def fake_fetch(workdir, *, quiet=False, known=None):  # the tiny GGUF instead of the 93 MB download; each call logged
     with open(log, "a") as f:
         f.write("fetch\\n")
     if barrier:
@@ -76,7 +78,7 @@ def tiny(tmp_path_factory):
     """The tiny GGUF and its converted files' bytes (the conversion is deterministic)."""
     folder = tmp_path_factory.mktemp("tiny")
     write_tiny_gguf(folder / "tiny.gguf")
-    reference = weights.convert_gguf(folder / "tiny.gguf", folder / "reference")
+    reference = convert_gguf(folder / "tiny.gguf", folder / "reference")
     return folder / "tiny.gguf", {name: (reference / name).read_bytes() for name in weights.CONVERTED_FILES}
 
 
@@ -84,7 +86,7 @@ def tiny(tmp_path_factory):
 def offline(tiny, monkeypatch):
     """In this process, 'download' the tiny GGUF; the list counts the fetches."""
     calls = []
-    monkeypatch.setattr(weights, "fetch_gguf", lambda workdir, *, quiet=False: calls.append(workdir) or tiny[0])
+    monkeypatch.setattr(weights, "fetch_gguf", lambda workdir, **kwargs: calls.append(workdir) or tiny[0])
     return calls
 
 

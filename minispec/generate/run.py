@@ -272,9 +272,10 @@ def _drafter(args: GenerateArgs, model, tokenizer):
     from minispec.drafters import make_drafter
 
     from minispec.hub import is_repo_id, resolve_checkpoint
+    from minispec.known import is_known
 
     spec = args.draft
-    if spec is not None and (Path(spec).exists() or is_repo_id(spec.partition("@")[0])):  # a draft model
+    if spec is not None and (Path(spec).exists() or is_known(spec) or is_repo_id(spec.partition("@")[0])):  # a model
         from minispec.tokenizer import check_same_vocabulary, load_tokenizer
 
         folder = resolve_checkpoint(spec, what="--draft")
