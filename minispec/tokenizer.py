@@ -63,6 +63,11 @@ class Tokenizer:
         """Number of token ids the tokenizer knows, added tokens included (the model's may be larger, padded)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def added_token_ids(self) -> list[int]:
+        """The ids of the added tokens (special or not: <|im_end|>, <tool_call>, ...), ascending."""
+        return sorted(self.backend.get_added_tokens_decoder())
+
     def encode(self, text: str) -> list[int]:
         """Token ids for `text`; special-token strings become their ids, nothing else is added."""
         check_text(text, "text")

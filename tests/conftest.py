@@ -20,6 +20,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    config.addinivalue_line("markers", "pair: needs the converted Qwen2.5-Coder pair (tests/test_real_pair.py); "
+                                       "skipped where it is absent")
     if config.getoption("--device"):
         os.environ["MINISPEC_DEVICE"] = config.getoption("--device")
 

@@ -26,12 +26,16 @@ PROG = "minispec.generate"
 DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
 DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
 TREE_FLAGS = ("branching", "tree_width")
-SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree") + DROPMATCH_FLAGS + TREE_FLAGS
+DRAFT_MODEL_FLAGS = ("draft_kernels", "draft_vocab")  # shape a separate draft model's own weights
+SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree", "vs_plain") + \
+    DROPMATCH_FLAGS + TREE_FLAGS + DRAFT_MODEL_FLAGS
+NOT_A_DRAFT_MODEL = ("ngram", "early-exit", "self")  # --draft kinds without weights of their own to shape
 NOT_BATCHED = {  # flags that cannot apply to several prompts at once, and why
     "tree": "draft trees are not batched", "branching": "draft trees are not batched",
     "tree_width": "draft trees are not batched", "trace": "prints the steps of one prompt",
     "show": "colours one streamed text, and a batch prints each text whole",
     "color": "colours one streamed text, and a batch prints each text whole",
+    "vs_plain": "times one prompt against plain decoding",
 }
 
 EQUIVALENTS = """\
@@ -92,6 +96,9 @@ class GenerateArgs:
     show: bool
     color: str
     trace: bool
+    draft_kernels: str = "same"
+    draft_vocab: int | None = None
+    vs_plain: bool = False
     batch_size: int | None = None  # None: one prompt; N: --prompt-file's lines, N at a time
     given: frozenset[str] = frozenset()  # the flags given on the command line (their dest names)
 
@@ -155,6 +162,14 @@ def build_parser() -> Parser:
                         "between 1 and gamma (transformers' schedule)")
     s.add_argument("--draft-p-min", type=ranged(float, "--draft-p-min", lo=0, hi=1), default=0.0,
                    help="a model draft stops at the first token whose draft probability is below this (0 = off)")
+    s.add_argument("--draft-kernels", choices=["same", "fast", "int8", "reference"], default="same",
+                   help="a draft model's kernels: same = the target's (fast for a compiled target); int8: "
+                        "weight-only int8, half a bfloat16 draft's bytes per step (the verify keeps the output "
+                        "the target's)")
+    s.add_argument("--draft-vocab", type=ranged(int, "--draft-vocab", lo=1), default=None, metavar="N",
+                   help="a draft model's LM head over its N most frequent tokens only (ids below N, plus the added "
+                        "tokens; FR-Spec): a cheaper draft step, lossless through the target's verify "
+                        "(default: the full vocabulary)")
     s.add_argument("--dropout-p", type=dropout_p, default=0.3,
                    help="DropMatch: dropout probability on the LM-head input, in [0, 1), or 'auto': the p whose "
                         "measured all-K head agreement with the clean argmax is --agreement, on the target's first "
@@ -185,6 +200,9 @@ def build_parser() -> Parser:
                         "line (default: the file is one prompt)")
     o = p.add_argument_group("output")
     o.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
+    o.add_argument("--vs-plain", action="store_true",
+                   help="then decode the same prompt plainly (no draft, same flags) and report both speeds and the "
+                        "speed-up (with --stats: printed; with --json: stats.plain_tokens_per_second, stats.speedup)")
     o.add_argument("--show", action="store_true",
                    help="colour the output: accepted drafts green, corrections red, bonus tokens blue")
     o.add_argument("--color", choices=["auto", "always", "never"], default="auto",
@@ -265,6 +283,11 @@ def check_flags(args: GenerateArgs) -> None:
             raise MinispecError("--stop '': an empty stop string would stop at once; expected a non-empty STRING")
         if dest == "system" and args.chat is False:
             raise MinispecError("--system: a chat-template message; expected chat mode, not --raw")
+        if dest in DRAFT_MODEL_FLAGS and args.draft is not None and args.draft.partition(":")[0] in NOT_A_DRAFT_MODEL:
+            raise MinispecError(f"{flag(dest)}: shapes a separate draft model; expected --draft with a checkpoint "
+                                f"(not {args.draft}, which has no weights of its own to shape)")
+        if dest == "vs_plain" and not (args.stats or args.json):
+            raise MinispecError("--vs-plain: reports the speed-up in the stats; expected --stats or --json with it")
         if dest in TREE_FLAGS and args.tree is None:
             raise MinispecError(f"{flag(dest)}: shapes a draft tree; expected --tree N with it")
         if dest in ("trace", "draft_p_min") and args.tree is not None:

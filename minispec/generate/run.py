@@ -110,6 +110,13 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         print(text)
     if args.policy in DROPMATCH_POLICIES:
         result.stats["dropout_p"] = p
+    if args.vs_plain:  # the same prompt and settings without the draft, timed the same way, after it
+        plain = generate(model, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_ids=tokenizer.eos_token_ids,
+                         stop_when=stop)
+        plain_speed = plain.stats["tokens_per_second"]
+        result.stats.update(plain_tokens_per_second=plain_speed, plain_tokens_equal=plain.tokens == result.tokens,
+                            speedup=result.stats["tokens_per_second"] / plain_speed)
     return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids),
             "finish_reason": result.finish_reason, "stats": result.stats}
 
@@ -146,7 +153,9 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> None:
     kind = kernels.auto_kind(model) if auto else args.kernels
     kernels.apply(model, kind, checkpoint=ckpt)
     draft_model = None if drafter is None else drafter.model
-    if auto and draft_model is not None:  # a bfloat16 self-draft on a CPU that packs float32 only: reference
+    if args.draft_kernels != "same":
+        kernels.apply_drafter(drafter, args.draft_kernels)
+    elif auto and draft_model is not None:  # a bfloat16 self-draft on a CPU that packs float32 only: reference
         kernels.apply_drafter(drafter, kernels.auto_kind(draft_model))
     else:
         kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
@@ -282,7 +291,12 @@ def _drafter(args: GenerateArgs, model, tokenizer):
         check_same_vocabulary(load_tokenizer(folder), tokenizer, draft_name=f"--draft {spec}",
                               target_name="the target")
         spec = str(folder)
-    return make_drafter(spec, model, p_min=args.draft_p_min)
+    drafter = make_drafter(spec, model, p_min=args.draft_p_min)
+    if args.draft_vocab is not None:  # before the kernels: they put the kept rows in their own layer
+        from minispec.kernels import frequent_head
+
+        frequent_head.apply(drafter.model, args.draft_vocab, tokenizer.added_token_ids)
+    return drafter
 
 
 def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:

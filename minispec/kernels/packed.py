@@ -261,8 +261,10 @@ def rewrite(model: Transformer, linear: Callable[[torch.Tensor, torch.Tensor | N
             model.layers[i] = FastBlock(block, linear)
         model.norm = FastFinalNorm(model.norm)
         # a tied head is copied into its own layout (the lookup keeps the dense rows, see
-        # FastEmbedding); an untied head's dense weight is freed with the old module
-        model.lm_head = linear(model.lm_head.weight, model.lm_head.bias)
+        # FastEmbedding); an untied head's dense weight is freed with the old module. A head
+        # that is not one linear layer (kernels.frequent_head) rebuilds itself with `linear`.
+        head = model.lm_head
+        model.lm_head = head.rebuilt(linear) if hasattr(head, "rebuilt") else linear(head.weight, head.bias)
         model.embed_tokens = embedding
     model.__class__ = cls
     model.weights_dtype = weights_dtype

@@ -1,0 +1,105 @@
+"""A draft model's LM head over its most frequent tokens only (FR-Spec, arXiv 2502.14856).
+
+With a vocabulary of 151,936 tokens, a small draft model's LM head is a large part of its step:
+for Qwen2.5-Coder-0.5B the head is 151,936 x 896 = 136M of its 630M weights, read in full for
+every drafted token. FR-Spec restricts the draft's head to the N most frequent tokens:
+
+    logits_draft[v] = W[v] . h   for v in keep (N rows)      -inf for every other v
+
+so a draft step reads N / V of the head. The draft can then never propose a token outside
+`keep`; where the target wants one, the draft is rejected there and the target supplies it. The
+verify is the target's and unchanged, so the output is what the acceptance policy makes of it:
+exact match and speculative sampling stay lossless (q_draft is 0 outside `keep`, which the
+residual max(0, p - q) covers), only tau can fall.
+
+Which tokens: a byte-level BPE vocabulary is numbered in merge order, and merges are learned most
+frequent first, so the lowest ids are the tokenizer corpus's most frequent tokens. We keep ids
+0 .. N-1 and every added token above them (<|im_end|> and the other control tokens: the draft
+must be able to propose the end of an answer). FR-Spec counts frequencies on a corpus instead;
+`token_ids=` takes any such list.
+
+    draft = load_model(folder, dtype=torch.bfloat16)
+    kernels.frequent_head.apply(draft, 32768, tokenizer.added_token_ids)   # then, if wanted:
+    kernels.apply(draft, "int8")                                            # the kept rows in int8
+
+A kernels rewrite afterwards (fast, int8, compiled) puts the kept rows in a layer of its kind.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minispec.errors import MinispecError
+from minispec.model import Transformer
+
+
+class FrequentHead(nn.Module):
+    """logits [..., V] from a linear layer over `token_ids` (N of the V rows); -inf elsewhere.
+
+    weight: the kept rows [N, d], dense; `linear` computes with them (default: F.linear on them).
+    A kernels rewrite (packed.rewrite) asks `rebuilt(its linear)` for the same head in its kind.
+    """
+
+    def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int,
+                 linear: nn.Module | None = None) -> None:
+        super().__init__()
+        self.weight, self.vocab_size = weight, vocab_size
+        self.linear = DenseLinear(weight, None) if linear is None else linear
+        self.register_buffer("token_ids", token_ids, persistent=False)  # [N], ascending
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        kept = self.linear(hidden)  # [..., N]
+        logits = kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf"))  # [..., V]
+        logits[..., self.token_ids] = kept
+        return logits
+
+    def rebuilt(self, make_linear) -> "FrequentHead":
+        """The same head with its rows in `make_linear(weight, bias)`'s layer (a kernel kind's)."""
+        return FrequentHead(self.weight, self.token_ids, self.vocab_size, make_linear(self.weight, None))
+
+    def extra_repr(self) -> str:
+        return f"kept={self.token_ids.numel()}, vocab_size={self.vocab_size}"
+
+
+class DenseLinear(nn.Module):
+    """F.linear on a dense weight: the reference model's layer."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+
+def frequent_token_ids(keep: int, added_ids: list[int]) -> torch.Tensor:
+    """ids 0 .. keep-1 and every id in `added_ids`, ascending and once each: [N]."""
+    return torch.cat([torch.arange(keep), torch.tensor(added_ids, dtype=torch.long)]).unique()
+
+
+def apply(model: Transformer, keep: int, added_ids: list[int] = (), *,
+          token_ids: torch.Tensor | None = None) -> Transformer:
+    """Give `model` (a draft, as loaded: before any kernels.apply) a FrequentHead over its `keep`
+    most frequent tokens, ids 0 .. keep-1, and the `added_ids` (its tokenizer's added tokens:
+    minispec.tokenizer.Tokenizer.added_token_ids); in place, returns the model.
+
+    token_ids: the ids to keep instead (any list, e.g. counted on a corpus as FR-Spec does).
+    A kernels.apply afterwards puts the kept rows in its own layer.
+    """
+    from minispec import kernels
+
+    vocab = model.config.vocab_size
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= vocab:
+        raise MinispecError(f"--draft-vocab {keep!r}: expected a whole number of tokens in [1, {vocab}] "
+                            "(the draft's vocabulary size)")
+    if kernels.kind_of(model) != "reference" or isinstance(model.lm_head, FrequentHead):
+        raise MinispecError("--draft-vocab: expected a freshly loaded draft model (before kernels.apply, and "
+                            "with its full head)")
+    if token_ids is None:
+        token_ids = frequent_token_ids(keep, [i for i in added_ids if 0 <= i < vocab])
+    with torch.no_grad():
+        rows = model.lm_head.weight[token_ids].detach().clone()  # [N, d]
+    model.lm_head = FrequentHead(rows, token_ids, vocab)
+    return model
