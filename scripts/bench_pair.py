@@ -28,7 +28,9 @@ int8 copy (self:int8). transformers: bfloat16 `generate` and assisted generation
 (`assistant_model`, its default schedule). llama.cpp (--llama-cpp: a build folder holding
 bin/llama-bench and bin/llama-speculative-simple, built from the sources that the
 llama-cpp-python sdist vendors, see docs/benchmarks.md): `llama-bench -p 0 -n N` for each GGUF
-and `llama-speculative-simple` with the 0.5B draft (--draft-max 5) on each prompt.
+(with and without its repacked weights, --repack 1 / 0)
+and `llama-speculative-simple` with the 0.5B draft (--spec-type draft-simple --spec-draft-n-max 5)
+on each prompt.
 
 Resumable: each (prompt, configuration) record is appended to out/bench_pair/records.jsonl and
 skipped on the next run; delete the file to start over. Writes bench_pair.json and .md.
@@ -72,8 +74,8 @@ MINISPEC = {
     "self:int8 draft of the 1.5B, gamma 5": ("fast", "self-int8", 5, {}),
 }
 TRANSFORMERS = ("transformers plain bf16", "transformers assisted, 0.5B draft")
-LLAMA = ("llama.cpp speculative, 0.5B draft, draft-max 5",)
-BASELINE = {"minispec": "plain fast bf16", "transformers": "transformers plain bf16", "llama.cpp": "llama.cpp plain (llama-bench)"}
+LLAMA = ("llama.cpp speculative, 0.5B draft, draft-n-max 5",)
+BASELINE = {"minispec": "plain fast bf16", "transformers": "transformers plain bf16"}
 
 
 def measure_bandwidth() -> float:
@@ -172,8 +174,8 @@ def run_transformers(hf: dict, name: str, ids: list[int], n: int, eos: list[int]
 
 def run_llama_speculative(bin_dir: Path, ggufs: dict[str, Path], text: str, n: int) -> dict:
     cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(ggufs[TARGET]), "-md", str(ggufs[DRAFT]),
-           "-p", text, "-n", str(n), "--draft-max", "5", "-t", "2", "-td", "2", "--temp", "0", "-c", "4096",
-           "--no-warmup"]
+           "-p", text, "-n", str(n), "--spec-type", "draft-simple", "--spec-draft-n-max", "5", "-t", "2", "-td", "2",
+           "--temp", "0", "-c", "4096", "--no-repack"]  # its AMX repacked kernels crash on the 0.5B's types here
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     log = done.stdout + done.stderr
     speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
@@ -184,8 +186,9 @@ def run_llama_speculative(bin_dir: Path, ggufs: dict[str, Path], text: str, n: i
             "acceptance": int(accepted.group(1)) / max(int(drafted.group(1)), 1) if drafted and accepted else None}
 
 
-def run_llama_bench(bin_dir: Path, gguf: Path, n: int) -> float | None:
-    cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-p", "0", "-n", str(n), "-t", "2", "-r", "3", "-o", "json"]
+def run_llama_bench(bin_dir: Path, gguf: Path, n: int, repack: bool) -> float | None:
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-p", "0", "-n", str(n), "-t", "2", "-r", "3", "-o", "json",
+           "--repack", str(int(repack))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     try:
         return float(json.loads(done.stdout)[0]["avg_ts"])
@@ -206,17 +209,22 @@ def measure(args, _ckpt) -> dict:
         for line in records_file.read_text().splitlines():
             r = json.loads(line)
             done[(r["prompt"], r["config"])] = r
-    bandwidth = measure_bandwidth()
-    loaded = load_all(folders)
-    tokenizer = loaded["tokenizer"]
+    from minispec.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(folders[TARGET])
     eos = tokenizer.eos_token_ids
     prompts = benchlib.load_prompts(["humaneval"], args.humaneval, tokenizer) + \
         benchlib.load_prompts(["mt_bench"], args.spec_bench, tokenizer)
+    bin_dir = None if args.llama_cpp is None else Path(args.llama_cpp) / "bin"
+    configs = list(MINISPEC) + ([] if args.no_transformers else list(TRANSFORMERS)) + (list(LLAMA) if bin_dir else [])
+    todo = [(p, c) for p in prompts for c in configs
+            if (f"{p.set}/{p.source_id}", c) not in done or "error" in done[(f"{p.set}/{p.source_id}", c)]]
+    bandwidth = measure_bandwidth()
+    loaded = load_all(folders) if any(c in MINISPEC for _, c in todo) else None  # only what is left to run
     hf = None
-    if not args.no_transformers:
+    if any(c in TRANSFORMERS for _, c in todo):
         hf = {"target": benchlib.load_transformers(folders[TARGET], torch.bfloat16),
               "draft": benchlib.load_transformers(folders[DRAFT], torch.bfloat16)}
-    bin_dir = None if args.llama_cpp is None else Path(args.llama_cpp) / "bin"
     ggufs = {}
     if bin_dir is not None:
         gguf_dir = out / "gguf"
@@ -225,38 +233,82 @@ def measure(args, _ckpt) -> dict:
             path = gguf_dir / KNOWN[name].gguf_name
             ggufs[name] = path if path.is_file() and path.stat().st_size == KNOWN[name].gguf_bytes else \
                 fetch_gguf(gguf_dir, known=KNOWN[name])
-    configs = list(MINISPEC) + (list(TRANSFORMERS) if hf else []) + (list(LLAMA) if bin_dir else [])
     with records_file.open("a") as log:
-        for prompt in prompts:
+        for prompt, config in todo:
             key = f"{prompt.set}/{prompt.source_id}"
-            text = tokenizer.decode(prompt.ids)
-            for config in configs:
-                if (key, config) in done:
-                    continue
-                if config in MINISPEC:
-                    r = run_minispec(loaded, config, prompt.ids, args.new_tokens, eos)
-                elif config in TRANSFORMERS:
-                    r = run_transformers(hf, config, prompt.ids, args.new_tokens, eos)
-                else:
-                    r = run_llama_speculative(bin_dir, ggufs, text, args.new_tokens)
-                r.update(prompt=key, config=config, prompt_tokens=len(prompt.ids))
-                done[(key, config)] = r
-                log.write(json.dumps(benchlib.finite(r)) + "\n")
-                log.flush()
-                print(f"{key:<22} {config:<52} {fmt(r.get('decode_tps'), '.1f')} tok/s", flush=True)
+            if config in MINISPEC:
+                r = run_minispec(loaded, config, prompt.ids, args.new_tokens, eos)
+            elif config in TRANSFORMERS:
+                r = run_transformers(hf, config, prompt.ids, args.new_tokens, eos)
+            else:
+                r = run_llama_speculative(bin_dir, ggufs, tokenizer.decode(prompt.ids), args.new_tokens)
+            r.update(prompt=key, config=config, prompt_tokens=len(prompt.ids))
+            done[(key, config)] = r
+            log.write(json.dumps(benchlib.finite(r)) + "\n")
+            log.flush()
+            print(f"{key:<22} {config:<52} {fmt(r.get('decode_tps'), '.1f')} tok/s", flush=True)
+    ties = near_ties(folders[TARGET], prompts, done, configs)
     llama_plain = {}
     if bin_dir is not None:
         for name in (TARGET, DRAFT):
-            llama_plain[name] = run_llama_bench(bin_dir, ggufs[name], args.new_tokens)
+            for repack in (True, False):
+                llama_plain[f"{name}{'' if repack else ', no repack'}"] = run_llama_bench(bin_dir, ggufs[name],
+                                                                                       args.new_tokens, repack)
     return {"bandwidth_gbps": bandwidth, "step_bytes": step_bytes(folders), "llama_cpp_plain_tps": llama_plain,
+            "near_ties": ties,
             "prompts": [f"{p.set}/{p.source_id}" for p in prompts], "configs": configs,
             "records": [done[(f"{p.set}/{p.source_id}", c)] for p in prompts for c in configs],
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+            "peak_rss_gib": peak_rss_gib(out, bool(todo) and loaded is not None)}
 
 
-def summarize(result: dict) -> list[dict]:
-    """One row per configuration: medians over prompts, speed-ups per prompt against the tool's own plain."""
-    records = result["records"]
+def near_ties(folder: Path, prompts, done: dict, configs: list[str]) -> list[dict]:
+    """Where a lossless configuration's greedy tokens part from bf16 plain decoding's: at the first
+    differing position, the float32 model's logits (model.py, one forward over the prompt and the
+    common prefix) for the two tokens. A gap of a few hundredths, against logits of order 10-30,
+    is a near-tie that bfloat16 rounding can flip either way, not a bug."""
+    import minispec
+
+    lossless = [c for c in configs if c in MINISPEC and MINISPEC[c][0] == "fast" and MINISPEC[c][1] is not None]
+    cases = []
+    for prompt in prompts:
+        key = f"{prompt.set}/{prompt.source_id}"
+        plain = done.get((key, "plain fast bf16"))
+        for config in lossless:
+            r = done.get((key, config))
+            if plain is None or r is None or r["tokens"] == plain["tokens"]:
+                continue
+            i = next((j for j, (a, b) in enumerate(zip(r["tokens"], plain["tokens"])) if a != b), None)
+            if i is not None:
+                cases.append({"prompt": key, "config": config, "position": i, "ids": prompt.ids + plain["tokens"][:i],
+                              "plain_token": plain["tokens"][i], "other_token": r["tokens"][i]})
+    if cases:
+        model = minispec.load_model(folder)  # float32, model.py as written
+        with torch.no_grad():
+            for case in cases:
+                logits = model(torch.tensor([case.pop("ids")]))[0, -1]  # [V]
+                top2 = logits.topk(2).values
+                case.update(plain_logit=logits[case["plain_token"]].item(), other_logit=logits[case["other_token"]].item(),
+                            top_logit=top2[0].item(), gap=abs(logits[case["plain_token"]] - logits[case["other_token"]]).item())
+        del model
+    return cases
+
+
+def peak_rss_gib(out: Path, measured_here: bool) -> float | None:
+    """The largest peak resident memory of the runs that loaded the models (a resumed run that
+    loads nothing does not count), kept in out/peak_rss_gib.txt across runs."""
+    file = out / "peak_rss_gib.txt"
+    before = float(file.read_text()) if file.is_file() else None
+    if measured_here:
+        here = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        before = here if before is None else max(before, here)
+        file.write_text(f"{before}\n")
+    return before
+
+
+def summarize(result: dict, prompt_set: str | None = None) -> list[dict]:
+    """One row per configuration: medians over prompts (those of `prompt_set`, or all), speed-ups per
+    prompt against the tool's own plain."""
+    records = [r for r in result["records"] if prompt_set is None or r["prompt"].startswith(prompt_set + "/")]
     by = {(r["prompt"], r["config"]): r for r in records}
     rows = []
     for config in result["configs"]:
@@ -265,7 +317,7 @@ def summarize(result: dict) -> list[dict]:
         speedups, equal, prefix = [], 0, []
         for r in mine:
             if tool == "llama.cpp":
-                base = result["llama_cpp_plain_tps"].get(TARGET)
+                base = result["llama_cpp_plain_tps"].get(f"{TARGET}, no repack")  # the same kernels as its speculation
                 speedups.append(ratio(r["decode_tps"], base))
                 continue
             base = by.get((r["prompt"], BASELINE[tool]))
@@ -287,31 +339,51 @@ def summarize(result: dict) -> list[dict]:
 
 
 def render(result: dict) -> str:
-    rows = summarize(result)
     bw = result["bandwidth_gbps"]
     sb = result["step_bytes"]
     text = benchlib.record_markdown(result["run"])
     text += (f"\nPrompts: {', '.join(result['prompts'])}; T = 0; peak resident memory of the minispec + "
-             f"transformers process {result['peak_rss_gib']:.1f} GiB (every model of every configuration loaded at "
+             f"transformers process {fmt(result['peak_rss_gib'], '.1f')} GiB (every model of every configuration loaded at "
              f"once).\n\nBandwidth here: {bw:.1f} GB/s (a bfloat16 matrix-vector product over 512 MiB). Weight bytes "
              "per step and the plain-decoding bound they give:\n\n")
     text += md_table(["weights", "GB per step", "bound (tok/s)"],
-                     [[name, f"{b / 1e9:.2f}", f"{bw * 1e9 / b:.1f}"] for name, b in sb.items()])
+                     [[name, f"{b / 1e9:.2f}", f"{bw * 1e9 / b:.1f}"] for name, b in sb.items()]) + "\n"
     plain = result["llama_cpp_plain_tps"]
     if plain:
         text += (f"\nllama.cpp plain (llama-bench -p 0 -n N, 2 threads): 1.5B Q4_K_M {fmt(plain.get(TARGET), '.1f')} "
-                 f"tok/s, 0.5B {fmt(plain.get(DRAFT), '.1f')} tok/s.\n")
-    text += "\n" + md_table(
+                 f"tok/s with its AMX repacked weights, {fmt(plain.get(TARGET + ', no repack'), '.1f')} without "
+                 f"(--repack 0); 0.5B {fmt(plain.get(DRAFT), '.1f')} / {fmt(plain.get(DRAFT + ', no repack'), '.1f')} "
+                 "tok/s. Its speculative example runs without repacking (with it, it crashes in the AMX kernel on "
+                 "the 0.5B file), so its speed-up is over plain decoding without repacking.\n")
+    text += "\n"
+    for prompt_set, title in (("humaneval", "HumanEval prompts"), ("mt_bench", "Spec-Bench MT-bench prompts"),
+                              (None, "all prompts")):
+        rows = summarize(result, prompt_set)
+        if rows and any(r["n"] for r in rows):
+            text += f"\n**{title}** (medians):\n\n" + summary_table(rows) + "\n"
+    ties = result.get("near_ties") or []
+    if ties:
+        text += ("\nWhere a lossless configuration's greedy output parts from bf16 plain decoding's, the float32 "
+                 "model's logits of the two tokens at the first difference:\n\n")
+        text += md_table(["prompt", "configuration", "position", "float32 logits (plain's / other's token)", "gap",
+                          "top logit"],
+                         [[c["prompt"], c["config"], str(c["position"]), f"{c['plain_logit']:.3f} / {c['other_logit']:.3f}",
+                           f"{c['gap']:.3f}", f"{c['top_logit']:.2f}"] for c in ties])
+    return text
+
+
+def summary_table(rows: list[dict]) -> str:
+    return md_table(
         ["configuration", "decode tok/s", "end-to-end tok/s", "x own plain", "tau", "acceptance", "= bf16 plain",
          "same prefix (tokens)"],
         [[r["config"], fmt(r["decode_tps"], ".1f"), fmt(r["e2e_tps"], ".1f"), fmt(r["speedup"], ".2f", "x"),
           fmt(r["tau"]), fmt(r["acceptance"]), f"{r['equal']}/{r['n']}" if r["tool"] != "llama.cpp" else "–",
           fmt(r["prefix"], ".0f")] for r in rows])
-    return text
 
 
 def main(argv=None) -> int:
     parser = benchlib.script_parser(PROG, __doc__)
+    parser.set_defaults(ckpt=Path(TARGET))  # the run record names the target; the pair is fixed
     parser.add_argument("--humaneval", type=ranged(int, "--humaneval", lo=0, hi=164), default=3,
                         help="HumanEval prompts (the first N)")
     parser.add_argument("--spec-bench", type=ranged(int, "--spec-bench", lo=0, hi=40), default=3,

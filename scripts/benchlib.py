@@ -301,7 +301,13 @@ DTYPES = ("float32", "bfloat16")
 
 
 def checkpoint(path: Path | None) -> Path:
-    """--ckpt, or the default checkpoint (fetched and converted on first use)."""
+    """--ckpt (a folder, or a known name: fetched and converted on first use), or the default checkpoint."""
+    from minispec.known import is_known
+
+    if path is not None and is_known(str(path)):
+        from minispec.weights import ensure_checkpoint
+
+        return ensure_checkpoint(str(path))
     if path is not None:
         if not (Path(path) / "config.json").is_file():
             raise MinispecError(f"--ckpt {path}: no config.json there; expected a checkpoint folder")
