@@ -141,6 +141,34 @@ def raise_if_interrupted() -> None:
         raise KeyboardInterrupt
 
 
+def read_all(file) -> bytes:
+    """Every byte of an open binary file (a FIFO or stdin included), so that Ctrl-C interrupts a
+    read that waits for a writer whichever thread the signal lands on.
+
+    A process-wide SIGINT may be delivered to any thread; once torch's OpenMP pool exists it often
+    lands on a worker, and a main thread blocked in read() is then never interrupted, so Python
+    never runs its handler. Waiting in select() with a short timeout returns the main thread to
+    Python every 0.1 s, where the pending handler runs. Streams without a file descriptor (a test's
+    BytesIO) and non-POSIX systems are read at once.
+    """
+    try:
+        fd = file.fileno()
+    except (OSError, AttributeError, ValueError):  # io.UnsupportedOperation is an OSError
+        return file.read()
+    if os.name != "posix":
+        return file.read()
+    import select
+
+    chunks = []
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
 def _discard_stdout() -> None:
     """Point stdout at /dev/null, so the interpreter's last flush of what is still buffered does not
     fail a second time (the recipe in Python's `signal` documentation, "Note on SIGPIPE")."""

@@ -427,6 +427,11 @@ CATALOGUE = [
            '        if as_json:\n            print(json.dumps({"text": self.text()',
            '        if False:\n            print(json.dumps({"text": self.text()',
            'Ctrl-C with --json prints nothing', ('tests/test_bad_inputs.py',)),
+    Mutant("prompt-read-not-interruptible", "minispec/cli.py",
+           '    if os.name != "posix":\n        return file.read()\n    import select',
+           '    if True:\n        return file.read()\n    import select',
+           "a prompt file or stdin read in one blocking read(): a Ctrl-C that lands on a worker thread is lost "
+           "and the run waits for its writer forever", ("tests/test_cli.py",)),
     Mutant('multi-line-error', 'minispec/cli.py',
            'print(f"{prog}: error: {\' \'.join(str(err).splitlines())}", file=sys.stderr)  # one line, always',
            'print(f"{prog}: error: {err}", file=sys.stderr)',

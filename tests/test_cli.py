@@ -1,13 +1,18 @@
 """The CLI: `python -m minispec.generate`. User mistakes end in one line on stderr, exit 2."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from minispec.generate import main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(capsys, *argv):
@@ -369,3 +374,35 @@ def test_command_lines_reach_run_main_before_torch_loads():
             "print(sorted(m for m in ('torch', 'safetensors', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+READ_ALL_SCRIPT = r"""
+import os, signal, sys, threading, time
+from minispec.cli import read_all
+
+def poke():  # Ctrl-C delivered to a worker thread, as the kernel may do once torch's thread pool exists
+    time.sleep(0.5)
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+    time.sleep(30)
+
+threading.Thread(target=poke, daemon=True).start()
+fifo = os.fdopen(os.open(sys.argv[1], os.O_RDWR), "rb")  # read-write: open never blocks, read never ends
+try:
+    (read_all if sys.argv[2] == "read_all" else lambda f: f.read())(fifo)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill") or os.name != "posix", reason="POSIX threads and FIFOs")
+def test_a_read_waiting_for_a_writer_is_interrupted_by_a_sigint_on_another_thread(tmp_path):
+    """cli.read_all (how --prompt-file and stdin are read): a SIGINT that lands on a worker thread
+    still ends the wait; a plain read() would wait for the writer forever (shown with a timeout)."""
+    fifo = tmp_path / "prompt"
+    os.mkfifo(fifo)
+    done = subprocess.run([sys.executable, "-c", READ_ALL_SCRIPT, str(fifo), "read_all"], capture_output=True,
+                          text=True, timeout=20, cwd=ROOT)
+    assert done.stdout.strip() == "interrupted", done.stderr
+    with pytest.raises(subprocess.TimeoutExpired):  # the property's power: the plain read never returns
+        subprocess.run([sys.executable, "-c", READ_ALL_SCRIPT, str(fifo), "plain"], capture_output=True, timeout=3,
+                       cwd=ROOT)

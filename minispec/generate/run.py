@@ -308,8 +308,11 @@ def _read_prompt_file(args: GenerateArgs) -> str:
     """--prompt-file's text, as UTF-8 ('-': stdin)."""
     if str(args.prompt_file) == "-":
         return _read_stdin()
+    from minispec.cli import read_all
+
     try:
-        return args.prompt_file.read_text(encoding="utf-8")
+        with open(args.prompt_file, "rb") as f:
+            return read_all(f).decode("utf-8")
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise MinispecError(f"--prompt-file {args.prompt_file}: cannot be read ({reason}); "
@@ -336,8 +339,10 @@ def _read_stdin() -> str:
         from minispec.tokenizer import check_text
 
         return check_text(sys.stdin.read(), "--prompt-file - (stdin)")
+    from minispec.cli import read_all
+
     try:
-        return stream.read().decode("utf-8")
+        return read_all(stream).decode("utf-8")
     except UnicodeDecodeError as err:
         raise MinispecError(f"--prompt-file - (stdin): cannot be read ({err}); expected UTF-8 text") from None
 
