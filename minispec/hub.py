@@ -51,7 +51,12 @@ def resolve_checkpoint(spec: str | Path, revision: str | None = None, *, what: s
                                   "expected a hub repo id for a revision")
         from minispec.weights import ensure_checkpoint
 
-        return ensure_checkpoint(text)
+        try:
+            return ensure_checkpoint(text)
+        except OSError as error:  # a full disk, an unwritable folder: the user's to fix, in one line
+            raise CheckpointError(f"{what} {spec}: fetching and converting it failed ({error.strerror or error}); "
+                                  "expected room and write access for it (python -m minispec.weights --list gives "
+                                  "its size; MINISPEC_HOME picks the folder)") from None
     repo_id, _, at_revision = text.partition("@")
     if at_revision and revision is not None and at_revision != revision:
         raise CheckpointError(f"{what} {spec}: two revisions ({at_revision!r} and {revision!r}); expected one")

@@ -574,3 +574,17 @@ def test_a_known_name_resolves_to_its_converted_folder(monkeypatch, tmp_path):
     with pytest.raises(CheckpointError, match="a revision .* was given for a known checkpoint"):
         monkeypatch.chdir(tmp_path / "qwen2.5-coder-0.5b-instruct")
         resolve_checkpoint("qwen2.5-coder-0.5b-instruct", revision="main")
+
+
+def test_a_known_names_failed_conversion_is_one_line(monkeypatch):
+    import errno
+
+    from minispec.hub import resolve_checkpoint
+
+    def full_disk(name):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(weights, "ensure_checkpoint", full_disk)
+    with pytest.raises(CheckpointError, match=r"^--draft qwen2.5-coder-0.5b-instruct: fetching and converting it "
+                                              r"failed \(No space left on device\); expected room"):
+        resolve_checkpoint("qwen2.5-coder-0.5b-instruct", what="--draft")
