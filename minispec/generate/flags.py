@@ -112,9 +112,9 @@ def build_parser() -> Parser:
     p.add_argument("--ckpt", default=None,
                    help="a Hugging Face checkpoint folder, a known name (qwen2.5-coder-1.5b-instruct, ...: "
                         "python -m minispec.weights --list; fetched and converted on first use) or a hub repo id "
-                        "'owner/name[@revision]' (fetched into the hub cache; HF_HUB_OFFLINE=1 reads only the cache). Default: SmolLM2-135M-Instruct, fetched "
-                        "and converted on first use into weights/ in a source checkout, else into MINISPEC_HOME or "
-                        "the user cache folder")
+                        "'owner/name[@revision]' (fetched into the hub cache; HF_HUB_OFFLINE=1 reads only the cache). "
+                        "Default: SmolLM2-135M-Instruct, fetched and converted on first use into weights/ in a source "
+                        "checkout, else into MINISPEC_HOME or the user cache folder")
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) of --ckpt")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", default="What is the capital of France?", help="the prompt text")
@@ -150,8 +150,8 @@ def build_parser() -> Parser:
                    help="print one JSON object (text, tokens, finish_reason, stats) instead of streaming")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--draft", default=None,
-                   help="drafter: a checkpoint folder, known name (qwen2.5-coder-0.5b-instruct, ...) or hub repo id, 'ngram[:N]', 'early-exit:N', 'self:bf16' or "
-                        "'self:int8' (default: plain decoding)")
+                   help="drafter: a checkpoint folder, known name (qwen2.5-coder-0.5b-instruct, ...) or hub repo id, "
+                        "'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
     s.add_argument("--policy", default="exact",
                    help="acceptance policy: exact, sampling, typical, dropmatch (Algorithm 1 in full), dropmatch-lazy "
                         "(the same decisions, computing only what each needs), or a registered name")

@@ -159,9 +159,8 @@ def format_stats(s: dict) -> str:
         lines.append(f"dropmatch p {s['dropout_p']:.4g}: {agree}; {info['accepted_by_dropmatch_only']} tokens accepted "
                      "only thanks to DropMatch")
     if "speedup" in s:
-        lossy = s["policy"].startswith(("typical", "dropmatch"))  # may accept what the target's own choice would not
-        same = "the same tokens" if s["plain_tokens_equal"] else \
-            "other tokens: the policy is lossy" if lossy else "other tokens (sampling, or a near-tie in rounding)"
+        same = "the same tokens" if s["plain_tokens_equal"] else "other tokens: the policy is lossy" \
+            if not s["policy_lossless"] else "other tokens (sampling, or a near-tie in rounding)"
         lines.append(f"vs plain decoding of this prompt: {s['plain_tokens_per_second']:.1f} tok/s plain, "
                      f"{s['tokens_per_second']:.1f} tok/s speculative: {s['speedup']:.2f}x ({same})")
     return "\n".join(lines) + batch

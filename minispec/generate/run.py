@@ -116,7 +116,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
                          stop_when=stop)
         plain_speed = plain.stats["tokens_per_second"]
         result.stats.update(plain_tokens_per_second=plain_speed, plain_tokens_equal=plain.tokens == result.tokens,
-                            speedup=result.stats["tokens_per_second"] / plain_speed)
+                            speedup=result.stats["tokens_per_second"] / plain_speed, policy_lossless=policy.lossless)
     return {"text": text, "tokens": result.tokens, "prompt_tokens": len(prompt_ids),
             "finish_reason": result.finish_reason, "stats": result.stats}
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from minispec.errors import MinispecError
 from minispec.model import Transformer
@@ -38,15 +37,14 @@ from minispec.model import Transformer
 class FrequentHead(nn.Module):
     """logits [..., V] from a linear layer over `token_ids` (N of the V rows); -inf elsewhere.
 
-    weight: the kept rows [N, d], dense; `linear` computes with them (default: F.linear on them).
-    A kernels rewrite (packed.rewrite) asks `rebuilt(its linear)` for the same head in its kind.
+    linear: [..., d] -> [..., N], the kept rows; as built by `apply`, a dense layer
+    (kernels.compiled.DenseLinear). A kernels rewrite (packed.rewrite) asks `rebuilt(its linear)`
+    for the same head with those rows in its own layer.
     """
 
-    def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int,
-                 linear: nn.Module | None = None) -> None:
+    def __init__(self, linear: nn.Module, token_ids: torch.Tensor, vocab_size: int) -> None:
         super().__init__()
-        self.weight, self.vocab_size = weight, vocab_size
-        self.linear = DenseLinear(weight, None) if linear is None else linear
+        self.linear, self.vocab_size = linear, vocab_size
         self.register_buffer("token_ids", token_ids, persistent=False)  # [N], ascending
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -56,22 +54,11 @@ class FrequentHead(nn.Module):
         return logits
 
     def rebuilt(self, make_linear) -> "FrequentHead":
-        """The same head with its rows in `make_linear(weight, bias)`'s layer (a kernel kind's)."""
-        return FrequentHead(self.weight, self.token_ids, self.vocab_size, make_linear(self.weight, None))
+        """The same head with its dense rows moved into `make_linear(weight, bias)`'s layer."""
+        return FrequentHead(make_linear(self.linear.weight, None), self.token_ids, self.vocab_size)
 
     def extra_repr(self) -> str:
         return f"kept={self.token_ids.numel()}, vocab_size={self.vocab_size}"
-
-
-class DenseLinear(nn.Module):
-    """F.linear on a dense weight: the reference model's layer."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.weight, self.bias = weight, bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
 def frequent_token_ids(keep: int, added_ids: list[int]) -> torch.Tensor:
@@ -89,6 +76,7 @@ def apply(model: Transformer, keep: int, added_ids: list[int] = (), *,
     A kernels.apply afterwards puts the kept rows in its own layer.
     """
     from minispec import kernels
+    from minispec.kernels.compiled import DenseLinear
 
     vocab = model.config.vocab_size
     if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= vocab:
@@ -99,7 +87,6 @@ def apply(model: Transformer, keep: int, added_ids: list[int] = (), *,
                             "with its full head)")
     if token_ids is None:
         token_ids = frequent_token_ids(keep, [i for i in added_ids if 0 <= i < vocab])
-    with torch.no_grad():
-        rows = model.lm_head.weight[token_ids].detach().clone()  # [N, d]
-    model.lm_head = FrequentHead(rows, token_ids, vocab)
+    rows = model.lm_head.weight[token_ids]  # [N, d]; DenseLinear keeps its own copy
+    model.lm_head = FrequentHead(DenseLinear(rows, None), token_ids, vocab)
     return model
