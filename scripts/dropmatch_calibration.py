@@ -21,7 +21,7 @@ import sys
 
 import benchlib
 from benchlib import fmt, md_table
-from dropmatch_replay import continuations, set_counts
+from dropmatch_replay import continuations, or_none, set_counts
 
 import torch  # noqa: E402
 
@@ -130,7 +130,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--ps", type=benchlib.number_list(float, "--ps", 0), default="0.001,0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.3,0.5")
     p.add_argument("--paths", type=benchlib.number_list(int, "--paths", 1), default="1,5")
     p.add_argument("--levels", type=benchlib.number_list(float, "--levels", 0.01), default="0.5,0.8,0.9,0.95")
-    p.add_argument("--widths", type=benchlib.number_list(int, "--widths", 8), default="64,128,256,512,1024")
+    p.add_argument("--widths", type=or_none(benchlib.number_list(int, "--widths", 8)), default="64,128,256,512,1024",
+                   help="random models' widths, or none")
     p.add_argument("--vocab", type=ranged(int, "--vocab", lo=2), default=4096)
     p.add_argument("--random-positions", type=ranged(int, "--random-positions", lo=1), default=512)
     return p
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import dropmatch_plot
 
-            print(dropmatch_plot.plot_agreement(dropmatch_plot.load([out / f"{PROG}.json"])[0], out / f"{PROG}.png"))
+            print(dropmatch_plot.plot_agreement(dropmatch_plot.load([out / f"{PROG}.json"]), out / f"{PROG}.png"))
         except ModuleNotFoundError:
             print(f"{PROG}: matplotlib is not installed; no plot written", file=sys.stderr)
     return status

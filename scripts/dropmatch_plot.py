@@ -1,15 +1,16 @@
 """The figures of docs/dropmatch.md: tau gain against quality change, and head agreement against p.
 
     python scripts/dropmatch_plot.py [--quality out/dropmatch_quality*/dropmatch_quality.json ...]
-                                     [--calibration out/dropmatch_calibration/dropmatch_calibration.json]
+                                     [--calibration out/dropmatch_calibration*/dropmatch_calibration.json ...]
                                      [--png out/dropmatch_plot/dropmatch_pareto.png]
 
 Pareto figure (from one or more dropmatch_quality.json, e.g. runs split over processes): every
 DropMatch configuration on all text prompts as a point, x = tau gain over its base, y = change in
 the target's NLL (left) and in the addition task score (right), with 95% intervals as bars; the
 Pareto front (most tau gain for a given quality change) drawn as a line. Agreement figure (from
-dropmatch_calibration.json): all-K head agreement against p, measured (points) with the
-first-order and Gaussian estimates (lines). Needs matplotlib.
+one dropmatch_calibration.json per checkpoint): all-K head agreement against p, measured (points)
+with the first-order and Gaussian estimates (lines), and the p a measured bisection picks for
+agreement 0.8 (--dropout-p auto's default level) as a dashed line. Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -82,15 +83,29 @@ def plot_pareto(results: list[dict], path: Path) -> Path:
     return path
 
 
-def plot_agreement(calibration: dict, path: Path) -> Path:
-    s, models = calibration["settings"], calibration["models"]
-    fig, axes = plt.subplots(1, len(s["paths"]), figsize=(5.5 * len(s["paths"]), 4.5), squeeze=False)
-    for ax, k in zip(axes[0], map(str, s["paths"])):
-        for i, (name, m) in enumerate(models.items()):
-            c = m[k]
-            ax.plot(s["ps"], c["measured"], "o", color=f"C{i}", ms=4, label=f"{name}: measured")
-            ax.plot(s["ps"], c["first_order"], "-", color=f"C{i}", lw=1, label=f"{name}: first order")
-            ax.plot(s["ps"], c["gaussian"], ":", color=f"C{i}", lw=1, label=f"{name}: Gaussian")
+def plot_agreement(calibrations: list[dict], path: Path, level: float = 0.8) -> Path:
+    """All-K head agreement against p for every model of every calibration (one per checkpoint:
+    several checkpoints share the figure), with a vertical tick at the p that a measured bisection
+    picks for `level` (what --dropout-p auto does, here on the calibration's own positions)."""
+    paths = calibrations[0]["settings"]["paths"]
+    fig, axes = plt.subplots(1, len(paths), figsize=(5.5 * len(paths), 4.5), squeeze=False)
+    for ax, k in zip(axes[0], map(str, paths)):
+        i = 0
+        for calibration in calibrations:
+            s = calibration["settings"]
+            ckpt = (calibration.get("run", {}).get("checkpoint") or {}).get("name", "real")
+            for name, m in calibration["models"].items():
+                if k not in m:
+                    continue
+                label = ckpt if name == "real" else name
+                c = m[k]
+                ax.plot(s["ps"], c["measured"], "o", color=f"C{i}", ms=4, label=f"{label}: measured")
+                ax.plot(s["ps"], c["first_order"], "-", color=f"C{i}", lw=1, label=f"{label}: first order")
+                ax.plot(s["ps"], c["gaussian"], ":", color=f"C{i}", lw=1, label=f"{label}: Gaussian")
+                pick = next((pk["p_measured"] for pk in c["picks"] if pk["level"] == level), None)
+                if name == "real" and pick:
+                    ax.axvline(pick, color=f"C{i}", lw=0.8, ls="--", label=f"{label}: p for agreement {level:g}")
+                i += 1
         ax.set_xscale("log")
         ax.set_xlabel("dropout p")
         ax.set_ylabel(f"share of positions where all K = {k} heads keep the argmax")
@@ -105,7 +120,8 @@ def plot_agreement(calibration: dict, path: Path) -> Path:
 def build_parser() -> benchlib.Parser:
     p = benchlib.Parser(prog=PROG, description=__doc__.strip().splitlines()[0])
     p.add_argument("--quality", type=Path, nargs="*", default=[], help="dropmatch_quality.json files")
-    p.add_argument("--calibration", type=Path, default=None, help="a dropmatch_calibration.json")
+    p.add_argument("--calibration", type=Path, nargs="*", default=[],
+                   help="dropmatch_calibration.json files (one per checkpoint: drawn in one figure)")
     p.add_argument("--out", type=Path, default=None, help="output folder (if not given: out/dropmatch_plot/)")
     return p
 
@@ -117,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         if args.quality:
             print(plot_pareto(load(args.quality), out / "dropmatch_pareto.png"))
-        if args.calibration is not None:
-            print(plot_agreement(load([args.calibration])[0], out / "dropmatch_agreement.png"))
+        if args.calibration:
+            print(plot_agreement(load(args.calibration), out / "dropmatch_agreement.png"))
         return 0
 
     return run_main(PROG, body)

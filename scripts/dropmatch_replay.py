@@ -11,7 +11,8 @@ greedy continuation. Then ONE target forward over it gives, at every position t,
     exit_hidden[N][t]  block N's output through the final norm: an early-exit draft's LM-head
                        input (captured by a hook in the same forward)
 
-(a self-draft's rows come from one forward of the draft model over the same text), and every
+(a self-draft's or a separate draft model's rows come from one forward of that model over the
+same text; a separate draft must share the target's tokenizer and vocabulary), and every
 DropMatch setting replays on these rows: the draft token at t is the drafter's proposal given
 the same context (an early exit's argmax, an n-gram lookup; at T = 1 a draw from the draft's
 softmax). `replay` computes the verdicts with the policy's own methods (path_logits,
@@ -40,6 +41,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import benchlib
@@ -51,6 +53,7 @@ from minispec.acceptance.base import VerifyInput  # noqa: E402
 from minispec.acceptance.dropmatch import CRITERIA, DropMatch, js_divergence, vote_acceptances  # noqa: E402
 from minispec.acceptance.sampling import sample_acceptances  # noqa: E402
 from minispec.cli import ranged  # noqa: E402
+from minispec.errors import MinispecError  # noqa: E402
 from minispec.sampling import SamplingParams, greedy_token, logits_to_probs  # noqa: E402
 
 PROG = "dropmatch_replay"
@@ -332,32 +335,32 @@ def render(result: dict) -> str:
         "positions where the heads disperse ('disp.') and where all K choose one token ('conc.').\n", table3, ""])
 
 
-def continuations(model, prompts, max_new_tokens: int, eos: list[int], cache_dir, ckpt) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (plain decoding), cached on disk per prompt:
-    <cache_dir>/greedy-<key>.json maps each prompt's ids to its continuation, one file per
-    (max_new_tokens, eos, checkpoint: its path and the size and time of its files)."""
-    from minispec.speculative import generate
+def continuations(model, prompts, max_new_tokens: int, eos: list[int], cache_dir, ckpt, batch: int = 8) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (plain decoding, `batch` prompts at a time:
+    each row is what it would be alone), cached on disk per prompt: <cache_dir>/greedy-<key>.json
+    maps each prompt's ids to its continuation, one file per (max_new_tokens, eos, checkpoint: its
+    path and the size and time of its files)."""
+    from minispec.batch import generate_batch
 
     key = hashlib.sha256(json.dumps([max_new_tokens, eos, _checkpoint_key(ckpt)]).encode()).hexdigest()[:16]
     path = cache_dir / f"greedy-{key}.json"
     cached = json.loads(path.read_text()) if path.is_file() else {}
-    outputs = []
-    for i, prompt in enumerate(prompts):
-        ids = json.dumps(prompt.ids)
-        if ids not in cached:
-            print(f"{PROG}: greedy continuation {i + 1}/{len(prompts)}", file=sys.stderr)
-            cached[ids] = generate(model, prompt.ids, max_new_tokens=max_new_tokens, eos_token_ids=eos).tokens
-        outputs.append(cached[ids])
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cached))
-    tmp.replace(path)
-    return outputs
+    missing = list(dict.fromkeys(json.dumps(p.ids) for p in prompts if json.dumps(p.ids) not in cached))
+    for first in range(0, len(missing), batch):
+        group = missing[first:first + batch]
+        print(f"{PROG}: greedy continuations {first + 1}-{first + len(group)} of {len(missing)}", file=sys.stderr)
+        results = generate_batch(model, [json.loads(ids) for ids in group], max_new_tokens=max_new_tokens,
+                                 eos_token_ids=eos)
+        cached.update({ids: r.tokens for ids, r in zip(group, results)})
+    if missing:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cached))
+        tmp.replace(path)
+    return [cached[json.dumps(p.ids)] for p in prompts]
 
 
 def _checkpoint_key(ckpt) -> list:
-    from pathlib import Path
-
     files = sorted(Path(ckpt).glob("*.safetensors"))
     return [str(Path(ckpt).resolve())] + [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
@@ -368,6 +371,12 @@ def measure(args, ckpt) -> dict:
     tokenizer = minispec.load_tokenizer(ckpt)
     model = benchlib.load_minispec(ckpt, torch.float32, "fast").model
     eos = list(tokenizer.eos_token_ids)
+    for n in args.exit_layers:
+        if n > model.config.num_layers:
+            raise MinispecError(f"--exit-layers {n}: the model has {model.config.num_layers} blocks; expected "
+                                f"depths from 1 to {model.config.num_layers}")
+    for folder in map(resolve_draft, args.draft_models):
+        check_draft_vocabulary(folder, model)
     prompts = [p for name, n in args.sets for p in benchlib.load_prompts([name], n, tokenizer)]
     texts = continuations(model, prompts, args.max_new_tokens, eos, benchlib.ROOT / "out" / "dropmatch", ckpt)
     hidden, row_prompt, drafts = pooled_rows(args, ckpt, model, prompts, texts)
@@ -406,8 +415,10 @@ def pooled_rows(args, ckpt, model, prompts, texts) -> tuple[torch.Tensor, torch.
     import minispec
     from minispec.drafters import make_drafter
 
+    draft_dirs = {f"model:{Path(d).name}": d for d in map(resolve_draft, args.draft_models)}
     key = hashlib.sha256(json.dumps([[p.ids for p in prompts], texts, list(args.exit_layers), list(args.self_drafts),
-                                     args.ngram, _checkpoint_key(ckpt)]).encode()).hexdigest()[:16]
+                                     args.ngram, _checkpoint_key(ckpt)]
+                                    + [_checkpoint_key(d) for d in draft_dirs.values()]).encode()).hexdigest()[:16]
     path = benchlib.ROOT / "out" / "dropmatch" / f"rows-{key}.pt"
     heads = {"target": model.head}
     if path.is_file():
@@ -428,15 +439,46 @@ def pooled_rows(args, ckpt, model, prompts, texts) -> tuple[torch.Tensor, torch.
             with torch.inference_mode():
                 own = torch.cat([draft_model.forward_hidden(torch.tensor([r.ids]))[0, r.start:-1] for r in recordings])
             saved["drafts"][f"self:{precision}"] = (_greedy_rows(draft_model.head, own), own, f"self:{precision}")
+        for name, folder in draft_dirs.items():
+            draft_model = load_draft_model(folder, model)
+            heads[name] = draft_model.head
+            with torch.inference_mode():
+                own = torch.cat([draft_model.forward_hidden(torch.tensor([r.ids]))[0, r.start:-1] for r in recordings])
+            saved["drafts"][name] = (_greedy_rows(draft_model.head, own), own, name)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         torch.save(saved, tmp)
         tmp.replace(path)
     for name in saved["drafts"]:
         if name.startswith("self:") and name not in heads:  # a cached self-draft: its head only
             heads[name] = make_drafter(name, minispec.load_model(ckpt, dtype=torch.float32)).model.head
+        if name.startswith("model:") and name not in heads:  # a cached separate draft: its head only
+            heads[name] = load_draft_model(draft_dirs[name], model).head
     drafts = {name: DraftRows(tokens, hidden, None if head is None else heads[head])
               for name, (tokens, hidden, head) in saved["drafts"].items()}
     return saved["hidden"], saved["row_prompt"], drafts
+
+
+def resolve_draft(spec: str):
+    """A --draft-models entry: a checkpoint folder or a known name (fetched on first use)."""
+    from minispec.hub import resolve_checkpoint
+
+    return resolve_checkpoint(spec, what="--draft-models")
+
+
+def check_draft_vocabulary(folder, target) -> None:
+    """A separate draft must have the target's vocabulary (read from its config, before any work)."""
+    from minispec.config import ModelConfig
+
+    vocab = ModelConfig.from_hf(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))).vocab_size
+    if vocab != target.config.vocab_size:
+        raise MinispecError(f"--draft-models {folder}: a vocabulary of {vocab} tokens; expected the target's "
+                            f"{target.config.vocab_size} (a separate draft must share the target's tokenizer)")
+
+
+def load_draft_model(folder, target):
+    """A separate draft model in float32 with fast kernels."""
+    check_draft_vocabulary(folder, target)
+    return benchlib.load_minispec(folder, torch.float32, "fast").model
 
 
 @torch.inference_mode()
@@ -459,6 +501,11 @@ def set_counts(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(pairs)
 
 
+def or_none(parse):
+    """An argparse type: `parse`, or 'none' for no items at all."""
+    return lambda text: () if text.strip() == "none" else parse(text)
+
+
 def build_parser() -> benchlib.Parser:
     p = benchlib.script_parser(PROG, __doc__)
     p.add_argument("--sets", type=set_counts, default="translation:10,summarization:10,qa:10,math_reasoning:10,rag:10,"
@@ -474,10 +521,13 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--temperatures", type=benchlib.number_list(float, "--temperatures", 0), default="0,1",
                    help="0 and/or 1 (the JS test reads temperature 1 at both)")
     p.add_argument("--majority", choices=["strict", "plurality"], default="strict")
-    p.add_argument("--exit-layers", type=benchlib.number_list(int, "--exit-layers", 1), default="26,28,29",
-                   help="comma-separated early-exit depths (blocks run before the final norm and head)")
-    p.add_argument("--self-drafts", type=benchlib.name_list("--self-drafts", ("int8", "bf16")), default="int8",
-                   help="self-draft precisions")
+    p.add_argument("--exit-layers", type=or_none(benchlib.number_list(int, "--exit-layers", 1)), default="26,28,29",
+                   help="comma-separated early-exit depths (blocks run before the final norm and head), or none")
+    p.add_argument("--self-drafts", type=or_none(benchlib.name_list("--self-drafts", ("int8", "bf16"))), default="int8",
+                   help="self-draft precisions, or none")
+    p.add_argument("--draft-models", type=lambda text: tuple(t.strip() for t in text.split(",") if t.strip()),
+                   default="", help="comma-separated separate draft models (folders or known names), sharing the "
+                   "target's tokenizer")
     p.add_argument("--no-ngram", dest="ngram", action="store_false", help="leave out the n-gram drafter")
     p.add_argument("--stride", type=ranged(int, "--stride", lo=1), default=1,
                    help="judge every stride-th pooled position (the sweep's cost falls in proportion)")

@@ -18,32 +18,81 @@ from minispec.errors import MinispecError  # noqa: E402
 
 def test_configuration_names():
     assert bench_humaneval.parse_config("exact-g10") == {"name": "exact-g10", "model": "target", "policy": "exact",
-                                                         "p": None, "gamma": 10}
+                                                         "p": None, "gamma": 10, "drafter": "draft"}
+    assert bench_humaneval.parse_config("dropmatch-0.3-g10@ngram")["drafter"] == "ngram"
+    assert bench_humaneval.parse_config("sampling-g5")["policy"] == "sampling"
     assert bench_humaneval.parse_config("dropmatch-0.3-g5")["p"] == 0.3
     assert bench_humaneval.parse_config("draft")["model"] == "draft"
-    for bad in ("exact", "dropmatch-1.5-g5", "dropmatch-0.3", "target-g5", ""):
-        with pytest.raises(MinispecError, match="expected target, draft, exact-gG or dropmatch-P-gG"):
+    for bad in ("exact", "dropmatch-1.5-g5", "dropmatch-0.3", "target-g5", "typical-g5", "target@ngram",
+                "exact-g5@self", ""):
+        with pytest.raises(MinispecError, match="expected target, draft, exact-gG, sampling-gG or dropmatch-P-gG"):
             bench_humaneval.parse_config(bad)
+    with pytest.raises(MinispecError, match="at least one configuration"):
+        bench_humaneval.config_list(" , ")
 
 
-def rec(config, task, passed, tps, tokens=11, steps=0, drafted=0, accepted=0, policy=0.0, seconds=1.0):
-    return {"config": config, "task_id": task, "passed": passed, "decode_tps": tps, "tokens": [0] * tokens,
-            "steps": steps, "drafted": drafted, "accepted": accepted, "policy_seconds": policy, "seconds": seconds}
+def test_batches_are_the_same_for_every_configuration():
+    chosen = [{"task_id": f"T/{i}"} for i in range(11)]
+    batches = bench_humaneval.batches_of(chosen, 4)
+    assert [len(b) for b in batches] == [4, 4, 3] and sum(batches, []) == chosen
+
+
+def rec(config, task, passed, tokens=11, steps=0, drafted=0, accepted=0, seed=0, text=0):
+    return {"config": config, "task_id": task, "seed": seed, "passed": passed, "tokens": [text] * tokens,
+            "steps": steps, "drafted": drafted, "accepted": accepted}
+
+
+def batch(config, tasks, seconds, tokens, policy=0.0, seed=0):
+    return {"config": config, "seed": seed, "task_ids": tasks, "seconds": seconds, "tokens": tokens,
+            "policy_seconds": policy}
 
 
 def test_summary_on_planted_records():
     tasks = [f"T/{i}" for i in range(10)]
-    records = [rec("target", t, i < 6, 5.0) for i, t in enumerate(tasks)]
-    records += [rec("exact-g5", t, i < 6, 10.0, steps=2, drafted=10, accepted=9) for i, t in enumerate(tasks)]
-    records += [rec("dropmatch-0.3-g5", t, i < 5, 12.0, steps=2, drafted=10, accepted=10, policy=0.02)
+    records = [rec("target", t, i < 6) for i, t in enumerate(tasks)]
+    records += [rec("exact-g5", t, i < 6, steps=2, drafted=10, accepted=9) for i, t in enumerate(tasks)]
+    records += [rec("dropmatch-0.3-g5", t, i < 5, steps=2, drafted=10, accepted=10, text=int(i < 3))
                 for i, t in enumerate(tasks)]
+    batches = [batch(c, tasks[:5], s, 55) for c, s in (("target", 11.0), ("exact-g5", 5.5), ("dropmatch-0.3-g5", 4.0))]
+    batches += [batch(c, tasks[5:], s, 55, policy=0.5 if c.startswith("drop") else 0.0)
+                for c, s in (("target", 11.0), ("exact-g5", 5.5), ("dropmatch-0.3-g5", 5.0))]
     result = {"configs": ["target", "exact-g5", "dropmatch-0.3-g5"], "base": "exact-g5", "task_ids": tasks,
-              "records": records}
+              "seeds": [0], "records": records, "batches": batches}
     rows = {r["config"]: r for r in bench_humaneval.summarize(result)}
     assert rows["target"]["pass_at_1"] == 0.6 and rows["target"]["tau"] is None
+    assert rows["target"]["tokens_per_second"] == 5.0 and rows["target"]["differ_from_target"] is None
     assert rows["exact-g5"]["vs_base"] == (0.0, 0.0, 0.0) and rows["exact-g5"]["speedup"] == 2.0
     assert rows["exact-g5"]["tau"] == 5.0 and rows["exact-g5"]["acceptance"] == 0.9  # (11 - 1) / 2, 90 / 100
+    assert rows["exact-g5"]["differ_from_target"] == 0
     diff, low, high = rows["dropmatch-0.3-g5"]["vs_base"]
     assert diff == pytest.approx(-0.1) and low <= -0.1 <= high and high <= 0.0  # one problem lost, every time
-    assert rows["dropmatch-0.3-g5"]["policy_share"] == pytest.approx(0.02)
-    assert rows["dropmatch-0.3-g5"]["speedup"] == 2.4
+    assert rows["dropmatch-0.3-g5"]["policy_share"] == pytest.approx(0.5 / 9.0)
+    assert rows["dropmatch-0.3-g5"]["speedup"] == pytest.approx(110 / 9.0 / 5.0)
+    assert rows["dropmatch-0.3-g5"]["vs_base_speed"] == pytest.approx(11.0 / 9.0)
+    assert rows["dropmatch-0.3-g5"]["differ_from_target"] == 3
+
+
+def test_pass_at_1_over_seeds_is_the_mean_per_problem():
+    tasks = ["T/0", "T/1"]
+    records = [rec("target", t, passed, seed=seed) for seed, row in enumerate([(1, 1), (1, 0), (0, 0), (1, 0)])
+               for t, passed in zip(tasks, row)]
+    records += [rec("sampling-g5", t, True, seed=seed, steps=1, drafted=5, accepted=5) for seed in range(4) for t in tasks]
+    result = {"configs": ["target", "sampling-g5"], "base": "target", "task_ids": tasks, "seeds": [0, 1, 2, 3],
+              "records": records, "batches": []}
+    rows = {r["config"]: r for r in bench_humaneval.summarize(result)}
+    assert rows["target"]["pass_at_1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
+    assert rows["sampling-g5"]["vs_base"][0] == pytest.approx(0.5)
+    assert rows["sampling-g5"]["speedup"] is None  # no timing: nothing to divide
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--configs", "exact-g5", "--base", "target"], "--base target: not among --configs"),
+    (["--configs", "target", "--base", "target", "--seeds", "0,1"], "at --temperature 0 decoding is greedy"),
+])
+def test_mistakes_are_one_line_before_any_model_loads(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench_humaneval, "load_models", lambda *a: pytest.fail("loaded models for a mistake"))
+    monkeypatch.setattr(bench_humaneval, "problems", lambda n: [{"task_id": "T/0", "prompt": "def f():\n"}])
+    monkeypatch.setattr(bench_humaneval.benchlib, "checkpoint", lambda path: tmp_path)
+    assert bench_humaneval.main(argv + ["--out", str(tmp_path)]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if ": warning: load average" not in line]
+    assert len(err) == 1 and message in err[0], err

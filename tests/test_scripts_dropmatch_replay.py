@@ -148,3 +148,71 @@ def test_summarise_gives_the_papers_tables_2_and_3_pooled_over_prompts_with_a_bo
     # the gain per prompt: prompt 0 gains 1 of 2 positions, prompt 1 0 of 1; resampled prompts give 0, 1/3 or 1/2
     low, high = row["gain_ci"]["majority"]
     assert 0 <= low <= high <= 0.5 and high > 0
+
+
+def tiny_checkpoint(real_ckpt, folder, seed, **sizes):
+    """The real checkpoint's tokenizer and config with a random small body (same vocabulary)."""
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from minispec.config import ModelConfig
+
+    folder.mkdir()
+    raw = json.loads((real_ckpt / "config.json").read_text())
+    raw.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8, max_position_embeddings=4096, **sizes)
+    (folder / "config.json").write_text(json.dumps(raw))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(real_ckpt / name, folder / name)
+    model = random_model(ModelConfig.from_hf(raw), seed=seed, dtype=torch.float32, scale=3.0)
+    save_file({"model." + k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+              folder / "model.safetensors")
+    return folder
+
+
+def test_a_separate_draft_models_rows_are_its_own_greedy_proposals(real_ckpt, tmp_path, capsys):
+    """--draft-models: at every row of the fixed text the draft's token is the draft model's own
+    argmax given the same context (one plain forward of that model), and the sweep reports it."""
+    import json
+
+    import minispec
+
+    target = tiny_checkpoint(real_ckpt, tmp_path / "target", seed=0)
+    draft = tiny_checkpoint(real_ckpt, tmp_path / "draft", seed=1)
+    out = tmp_path / "out"
+    code = dropmatch_replay.main(["--ckpt", str(target), "--draft-models", str(draft), "--sets", "rag:2",
+                                  "--max-new-tokens", "5", "--ps", "0.3", "--paths", "5", "--criteria", "js_or_majority",
+                                  "--temperatures", "0", "--exit-layers", "1", "--no-ngram", "--out", str(out),
+                                  "--threads", "1"])
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((out / "dropmatch_replay.json").read_text())
+    assert "model:draft" in result["settings"]["drafters"]
+    assert any(r["drafter"] == "model:draft" for r in result["rows"])
+
+    tokenizer, target_model = minispec.load_tokenizer(target), minispec.load_model(target)
+    draft_model = minispec.load_model(draft)
+    prompts = dropmatch_replay.benchlib.load_prompts(["rag"], 2, tokenizer)
+    texts = [generate(target_model, p.ids, max_new_tokens=5, eos_token_ids=list(tokenizer.eos_token_ids)).tokens
+             for p in prompts]
+    args = dropmatch_replay.build_parser().parse_args(["--draft-models", str(draft), "--exit-layers", "1",
+                                                       "--no-ngram", "--self-drafts", "int8"])
+    _, _, drafts = dropmatch_replay.pooled_rows(args, target, target_model, prompts, texts)
+    expected = []
+    for p, t in zip(prompts, texts):
+        ids = p.ids + t
+        with torch.inference_mode():
+            logits = draft_model(torch.tensor([ids]))[0, len(p.ids) - 1:-1]  # [n, V]
+        expected.append(logits.argmax(-1))
+    assert torch.equal(drafts["model:draft"].tokens, torch.cat(expected))
+
+
+def test_a_draft_model_with_another_vocabulary_is_one_line(real_ckpt, tmp_path, capsys):
+    target = tiny_checkpoint(real_ckpt, tmp_path / "target", seed=0)
+    draft = tiny_checkpoint(real_ckpt, tmp_path / "draft", seed=1, vocab_size=1000)
+    code = dropmatch_replay.main(["--ckpt", str(target), "--draft-models", str(draft), "--sets", "rag:1",
+                                  "--max-new-tokens", "3", "--ps", "0.3", "--paths", "5", "--temperatures", "0",
+                                  "--exit-layers", "1", "--no-ngram", "--out", str(tmp_path / "out")])
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "warning" not in line]
+    assert code == 2 and len(err) == 1 and "--draft-models" in err[0] and "vocabulary of 1000" in err[0], err
