@@ -71,7 +71,7 @@ def test_batched_greedy_equals_each_prompt_decoded_alone(setup, kind, gamma, n_n
 
 @settings(max_examples=10)
 @given(setup=batch_setups(), kind=st.sampled_from(DRAFT_KINDS[1:]), gamma=st.integers(1, 5),
-       policy=st.sampled_from(["exact", "sampling", "typical", "dropmatch", "dropmatch-lazy"]),
+       policy=st.sampled_from(["exact", "sampling", "block", "typical", "dropmatch", "dropmatch-lazy"]),
        temperature=st.sampled_from([0.0, 1.0]))
 def test_each_rows_stats_are_its_own_runs_and_the_pooled_stats_their_sums(setup, kind, gamma, policy, temperature):
     """Row r's tokens and counts are those of generate(prompts[r], seed=seeds[r]); the pooled

@@ -55,7 +55,7 @@ def test_check_input_rejects_wrong_shapes_and_ids(field, bad, expected_name):
 def test_get_unknown_name_lists_the_known_names():
     with pytest.raises(MinispecError) as err:
         acceptance.get("greedy-ish")
-    for name in ("exact", "sampling", "typical", "dropmatch", "dropmatch-lazy"):
+    for name in ("exact", "sampling", "block", "typical", "dropmatch", "dropmatch-lazy"):
         assert name in str(err.value)
     assert "\n" not in str(err.value)
 

@@ -52,7 +52,7 @@ def test_speculative_exact_equals_plain_greedy(setup, gamma, kind, n_new):
 
 @settings(max_examples=10)
 @given(setup=loop_setups(), gamma=st.integers(1, 5), kind=st.sampled_from(["random", "ngram", "early-exit"]),
-       policy=st.sampled_from(["exact", "sampling", "typical", "dropmatch"]), temperature=st.sampled_from([0.0, 1.0]))
+       policy=st.sampled_from(["exact", "sampling", "block", "typical", "dropmatch"]), temperature=st.sampled_from([0.0, 1.0]))
 def test_both_caches_equal_recomputation_after_every_step(setup, gamma, kind, policy, temperature):
     cfg, seed, prompt = setup
     target = random_model(cfg, seed, scale=3.0)

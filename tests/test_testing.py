@@ -4,7 +4,8 @@ written here outside the package, and on broken variants that it must catch read
 import pytest
 import torch
 
-from minispec.acceptance import AcceptancePolicy, Decision, ExactMatch, SpeculativeSampling, TypicalAcceptance
+from minispec.acceptance import (AcceptancePolicy, BlockVerification, Decision, ExactMatch, SpeculativeSampling,
+                                 TypicalAcceptance)
 from minispec.acceptance.base import first_rejection
 from minispec.kv_cache import KVCache
 from minispec.ragged_cache import RaggedKVCache
@@ -24,6 +25,10 @@ def test_exact_passes():
 
 def test_sampling_passes_every_check_including_the_statistical_ones():
     check_policy(SpeculativeSampling)
+
+
+def test_block_verification_passes_every_check_including_the_statistical_ones():
+    check_policy(BlockVerification)
 
 
 def test_typical_passes_the_generic_checks():

@@ -4,6 +4,8 @@
     --------------  -------------  --------------------------------------------------------------------
     exact           yes (greedy)   accept d_i iff d_i == argmax p; correction / bonus: argmax
     sampling        yes (any T)    accept d_i with prob. min(1, p(d_i)/q(d_i)); correct from norm(max(0, p-q))
+    block           yes (any T)    the draft judged as one block, from the last position back (Sun et al.):
+                                   never fewer accepted tokens in expectation than `sampling`
     typical         no             accept d_i iff p(d_i) > min(eps, delta * exp(-H(p)))   (Medusa)
     dropmatch       no             K dropout paths through the LM head: JS radius test, else majority vote,
                                    OR-ed with the base (exact at T = 0, sampling at T > 0); Algorithm 1 as written
@@ -17,6 +19,7 @@ adds your own.
 
 from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputError, VerifyInput, available,
                                       check_input, first_rejection, get, register)
+from minispec.acceptance.block import BlockVerification
 from minispec.acceptance.dropmatch import DropMatch
 from minispec.acceptance.dropmatch_lazy import LazyDropMatch
 from minispec.acceptance.exact import ExactMatch
@@ -26,5 +29,5 @@ from minispec.acceptance.typical import TypicalAcceptance
 __all__ = [
     "AcceptancePolicy", "VerifyInput", "Decision", "PolicyInputError", "register", "get", "available",
     "check_input", "first_rejection",
-    "ExactMatch", "SpeculativeSampling", "TypicalAcceptance", "DropMatch", "LazyDropMatch",
+    "ExactMatch", "SpeculativeSampling", "BlockVerification", "TypicalAcceptance", "DropMatch", "LazyDropMatch",
 ]

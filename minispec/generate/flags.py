@@ -153,8 +153,10 @@ def build_parser() -> Parser:
                    help="drafter: a checkpoint folder, known name (qwen2.5-coder-0.5b-instruct, ...) or hub repo id, "
                         "'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
     s.add_argument("--policy", default="exact",
-                   help="acceptance policy: exact, sampling, typical, dropmatch (Algorithm 1 in full), dropmatch-lazy "
-                        "(the same decisions, computing only what each needs), or a registered name")
+                   help="acceptance policy: exact, sampling, block (Sun et al.'s block verification: lossless, never "
+                        "fewer accepted tokens than sampling; vLLM's rejection_sample_method 'block'), typical, "
+                        "dropmatch (Algorithm 1 in full), dropmatch-lazy (the same decisions, computing only what "
+                        "each needs), or a registered name")
     s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5,
                    help="draft length per verify step (with --draft-length heuristic: the most)")
     s.add_argument("--draft-length", choices=["fixed", "heuristic"], default="fixed",
