@@ -216,3 +216,34 @@ def test_a_draft_model_with_another_vocabulary_is_one_line(real_ckpt, tmp_path, 
                                   "--exit-layers", "1", "--no-ngram", "--out", str(tmp_path / "out")])
     err = [line for line in capsys.readouterr().err.strip().splitlines() if "warning" not in line]
     assert code == 2 and len(err) == 1 and "--draft-models" in err[0] and "vocabulary of 1000" in err[0], err
+
+
+def test_auto_p_reports_what_the_cli_would_pick_per_prompt_and_pooled(real_ckpt, tmp_path, capsys):
+    """scripts/dropmatch_auto_p.py: each prompt's p is auto_dropout_p on the first 32 tokens of the
+    cached greedy continuation; the pooled p reaches its level on the set's own positions."""
+    import json
+
+    import dropmatch_auto_p
+
+    import minispec
+    from minispec.acceptance.dropmatch_calibrate import MeasuredAgreement, auto_dropout_p
+
+    target = tiny_checkpoint(real_ckpt, tmp_path / "target", seed=0)
+    out = tmp_path / "out"
+    code = dropmatch_auto_p.main(["--ckpt", str(target), "--sets", "rag:2,gsm8k:1", "--max-new-tokens", "40",
+                                  "--levels", "0.8", "--paths", "3", "--out", str(out), "--threads", "1"])
+    assert code == 0, capsys.readouterr().err
+    rows = json.loads((out / "dropmatch_auto_p.json").read_text())["rows"]
+    assert [(r["set"], r["prompts"]) for r in rows] == [("rag", 2), ("gsm8k", 1)]
+    model, tokenizer = minispec.load_model(target), minispec.load_tokenizer(target)
+    prompts = dropmatch_replay.benchlib.load_prompts(["rag"], 2, tokenizer)
+    texts = [generate(model, p.ids, max_new_tokens=40, eos_token_ids=list(tokenizer.eos_token_ids)).tokens
+             for p in prompts]
+    want = [auto_dropout_p(model, p.ids, 3, 0.8, continuation=t[:32]) for p, t in zip(prompts, texts)]
+    assert rows[0]["p_per_prompt"] == pytest.approx(want, rel=1e-3)
+    with torch.inference_mode():
+        hidden = torch.cat([model.forward_hidden(torch.tensor([p.ids + t]))[0, len(p.ids) - 1:-1]
+                            for p, t in zip(prompts, texts)])
+    # bisection to 16 steps: the agreement at the pooled p is the level up to the bisection's width
+    assert abs(MeasuredAgreement(hidden, model.head, 3)(rows[0]["p_pooled"]) - 0.8) < 0.1
+    assert rows[0]["agreement_at_p"]["rag"] == pytest.approx(MeasuredAgreement(hidden, model.head, 3)(rows[0]["p_pooled"]))
