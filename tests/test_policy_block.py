@@ -44,6 +44,11 @@ def rows_along(table, draft: tuple, n: int) -> torch.Tensor:
     return torch.stack([table[draft[:i]] for i in range(n)])  # [n, V]
 
 
+def sequence_probability(table, seq: tuple) -> float:
+    """prod_i table[seq[:i]][seq[i]]: the chance a table "model" samples exactly `seq`."""
+    return float(torch.prod(torch.stack([table[seq[:i]][seq[i]] for i in range(len(seq))])))
+
+
 def block_outcomes(p_rows, q_rows, draft):
     """{tau: (probability, next-token distribution)} from the module's own rule, exactly."""
     weights = block_weights(p_rows, q_rows, torch.tensor(draft))
@@ -77,7 +82,7 @@ def output_distribution(target, draft_table, vocab: int, gamma: int) -> dict[tup
             complete(prefix + (v,), prob * float(target[prefix][v]))
 
     for draft in itertools.product(range(vocab), repeat=gamma):
-        q_draft_prob = float(torch.prod(torch.stack([draft_table[draft[:i]][draft[i]] for i in range(gamma)])))
+        q_draft_prob = sequence_probability(draft_table, draft)
         if q_draft_prob == 0:
             continue
         p_rows, q_rows = rows_along(target, draft, gamma + 1), rows_along(draft_table, draft, gamma)
@@ -89,8 +94,7 @@ def output_distribution(target, draft_table, vocab: int, gamma: int) -> dict[tup
 
 
 def target_distribution(target, vocab: int, length: int) -> dict[tuple, float]:
-    return {seq: float(torch.prod(torch.stack([target[seq[:i]][seq[i]] for i in range(length)])))
-            for seq in itertools.product(range(vocab), repeat=length)}
+    return {seq: sequence_probability(target, seq) for seq in itertools.product(range(vocab), repeat=length)}
 
 
 @settings(max_examples=30, deadline=None)
@@ -116,7 +120,7 @@ def test_block_verification_accepts_at_least_as_many_tokens_in_expectation(seed,
     target, draft = random_tables(seed, vocab, gamma, ties)
     block = token = 0.0
     for x in itertools.product(range(vocab), repeat=gamma):
-        weight = float(torch.prod(torch.stack([draft[x[:i]][x[i]] for i in range(gamma)])))
+        weight = sequence_probability(draft, x)
         p_rows, q_rows = rows_along(target, x, gamma + 1), rows_along(draft, x, gamma)
         block += weight * sum(tau * float(prob) for tau, (prob, _) in block_outcomes(p_rows, q_rows, x).items())
         token += weight * sum(j * float(prob) for j, prob in enumerate(token_level_lengths(p_rows, q_rows, x)))

@@ -83,7 +83,9 @@ def accepted_length(stop: torch.Tensor, uniforms: torch.Tensor) -> int:
 
 
 def next_distribution(p_target: torch.Tensor, q_draft: torch.Tensor, weights: torch.Tensor, tau: int) -> torch.Tensor:
-    """What the token after the accepted prefix is drawn from: [V] float64."""
+    """What the token after the accepted prefix is drawn from: [V] float64 (sample_token
+    normalises it). An empty residual max(0, w_tau p_tau - q_tau) can only come at a tau of
+    probability 0 (a stop needs m_tau > 0); residual_distribution then returns its first argument."""
     gamma = q_draft.shape[0]
     if tau == gamma:
         return p_target[gamma].to(F64)
