@@ -4,8 +4,8 @@ written here outside the package, and on broken variants that it must catch read
 import pytest
 import torch
 
-from minispec.acceptance import (AcceptancePolicy, BlockVerification, Decision, ExactMatch, SpeculativeSampling,
-                                 TypicalAcceptance)
+from minispec.acceptance import (AcceptancePolicy, BlockVerification, Decision, ExactMatch, FLy, Lenience,
+                                 SpeculativeSampling, TraversalVerification, TypicalAcceptance)
 from minispec.acceptance.base import first_rejection
 from minispec.kv_cache import KVCache
 from minispec.ragged_cache import RaggedKVCache
@@ -29,6 +29,21 @@ def test_sampling_passes_every_check_including_the_statistical_ones():
 
 def test_block_verification_passes_every_check_including_the_statistical_ones():
     check_policy(BlockVerification)
+
+
+def test_traversal_verification_passes_the_checks_of_a_lossless_policy():
+    # On a chain its decide is block verification's (inherited), whose statistical checks run above;
+    # the tree walk has its own exact and chi-square tests (tests/test_policy_traversal.py).
+    check_policy(TraversalVerification, statistical=False)
+
+
+def test_lenience_is_sampling_at_its_neutral_beta_at_every_temperature():
+    check_policy(Lenience, neutral={"beta": 1.0}, base="sampling", neutral_temperatures=(0.0, 1.0))
+
+
+def test_fly_is_its_base_at_its_neutral_threshold_at_every_temperature():
+    # the base is exact at T = 0 and sampling at T > 0, which at T = 0 emits exact's tokens
+    check_policy(FLy, neutral={"entropy_threshold": float("inf")}, base="sampling", neutral_temperatures=(0.0, 1.0))
 
 
 def test_typical_passes_the_generic_checks():

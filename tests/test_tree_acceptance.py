@@ -309,16 +309,17 @@ TREE_SOURCES = {  # name -> (num, gen) -> parents [N], tokens [num, N], q_draft 
 }
 
 
-def toy_first_three_tokens(source: str, num: int, seed: int) -> list[tuple[int, int, int]]:
-    """Each tree walked by sampling_walk; the emitted path tokens + next_token, extended by
-    sampling the toy target itself while shorter than 3 (what the next steps would emit)."""
+def toy_first_three_tokens(source: str, num: int, seed: int, walk=sampling_walk) -> list[tuple[int, int, int]]:
+    """Each tree walked by `walk` (tree, p_target, generator) -> (path, next_token); the emitted
+    path tokens + next_token, extended by sampling the toy target itself while shorter than 3
+    (what the next steps would emit)."""
     gen = torch.Generator().manual_seed(seed)
     parents, tokens, q_draft = TREE_SOURCES[source](num, gen)  # [N], [num, N], [num, N, V]
     p_target = TOY_TARGET[torch.cat([torch.full((num, 1), TOY_ROOT), tokens], 1)]  # [num, N+1, V]
     outputs = []
     for s in range(num):
         tree = DraftTree(tokens[s].tolist(), parents, q_draft[s])
-        path, next_token = sampling_walk(tree, p_target[s], gen)
+        path, next_token = walk(tree, p_target[s], gen)
         emitted = [tree.tokens[node] for node in path] + [next_token]
         while len(emitted) < 3:
             emitted.append(sample_token(TOY_TARGET[emitted[-1]], gen))
@@ -326,9 +327,9 @@ def toy_first_three_tokens(source: str, num: int, seed: int) -> list[tuple[int, 
     return outputs
 
 
-def lossless_p_values(source: str, seed: int = 0) -> tuple[float, float]:
+def lossless_p_values(source: str, seed: int = 0, walk=sampling_walk) -> tuple[float, float]:
     """Chi-square p-values of the first emitted token and of the first three, against the target."""
-    outputs = toy_first_three_tokens(source, TOY_SAMPLES, seed)
+    outputs = toy_first_three_tokens(source, TOY_SAMPLES, seed, walk)
     first_probs = {(a,): float(TOY_TARGET[TOY_ROOT, a]) for a in range(TOY_VOCAB)}
     three_probs = {(a, b, c): float(TOY_TARGET[TOY_ROOT, a] * TOY_TARGET[a, b] * TOY_TARGET[b, c])
                    for a in range(TOY_VOCAB) for b in range(TOY_VOCAB) for c in range(TOY_VOCAB)}

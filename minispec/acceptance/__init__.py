@@ -6,7 +6,13 @@
     sampling        yes (any T)    accept d_i with prob. min(1, p(d_i)/q(d_i)); correct from norm(max(0, p-q))
     block           yes (any T)    the draft judged as one block, from the last position back (Sun et al.):
                                    never fewer accepted tokens in expectation than `sampling`
+    traversal       yes (any T)    block verification's tree form (Weng et al.): leaf to root, whole sequences
+                                   first; on a chain, block itself
     typical         no             accept d_i iff p(d_i) > min(eps, delta * exp(-H(p)))   (Medusa)
+    lenience        no             sampling against beta q: accept d_i with prob. min(1, p/(beta q)); correct from
+                                   norm(max(0, p - beta q)) (Leviathan et al.); beta = 1 is sampling
+    fly             no             the base (exact / sampling), plus a rejected d_i accepted where the target's
+                                   top-k entropy >= theta and the next W drafts pass the base (FLy)
     dropmatch       no             K dropout paths through the LM head: JS radius test, else majority vote,
                                    OR-ed with the base (exact at T = 0, sampling at T > 0); Algorithm 1 as written
     dropmatch-lazy  no             dropmatch's decisions, by exact shortcuts: paths only where a verdict is
@@ -23,11 +29,15 @@ from minispec.acceptance.block import BlockVerification
 from minispec.acceptance.dropmatch import DropMatch
 from minispec.acceptance.dropmatch_lazy import LazyDropMatch
 from minispec.acceptance.exact import ExactMatch
+from minispec.acceptance.fly import FLy
+from minispec.acceptance.lenience import Lenience
 from minispec.acceptance.sampling import SpeculativeSampling
+from minispec.acceptance.traversal import TraversalVerification
 from minispec.acceptance.typical import TypicalAcceptance
 
 __all__ = [
     "AcceptancePolicy", "VerifyInput", "Decision", "PolicyInputError", "register", "get", "available",
     "check_input", "first_rejection",
-    "ExactMatch", "SpeculativeSampling", "BlockVerification", "TypicalAcceptance", "DropMatch", "LazyDropMatch",
+    "ExactMatch", "SpeculativeSampling", "BlockVerification", "TraversalVerification", "TypicalAcceptance",
+    "Lenience", "FLy", "DropMatch", "LazyDropMatch",
 ]

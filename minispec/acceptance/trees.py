@@ -107,7 +107,7 @@ def walk_for(policy: AcceptancePolicy) -> TreeWalk:
     """The registered tree walk of `policy`'s class, else a one-line error naming the policies that have one."""
     walk = _WALKS.get(type(policy))
     if walk is None:
-        raise MinispecError(f"policy {policy.name!r} has no tree form; expected {', '.join(BUILT_IN_WALKS)} or a "
+        raise MinispecError(f"policy {policy.name!r} has no tree form; expected {', '.join(walk_names())} or a "
                             "policy with a walk of its own (minispec.acceptance.trees.register_walk) with a tree, "
                             "or a chain: no tree")
     return walk
@@ -396,4 +396,6 @@ def dropmatch_tree(policy: DropMatch, inp: TreeInput) -> TreeDecision:
                                         inp.generator, policy))
 
 
-BUILT_IN_WALKS = tuple(sorted(cls.name for cls in _WALKS))  # the policies minispec itself walks on trees
+def walk_names() -> list[str]:
+    """The names of the policies with a tree walk, sorted (minispec's own and any registered since)."""
+    return sorted(cls.name for cls in _WALKS)

@@ -25,10 +25,14 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 PROG = "minispec.generate"
 DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
 DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
+POLICY_FLAGS = {  # a policy's own settings: flag dest -> (the policy they belong to, its constructor's option)
+    "lenience_beta": ("lenience", "beta"), "fly_window": ("fly", "window_size"),
+    "fly_entropy_threshold": ("fly", "entropy_threshold"), "fly_entropy_top_k": ("fly", "entropy_top_k"),
+}
 TREE_FLAGS = ("branching", "tree_width")
 DRAFT_MODEL_FLAGS = ("draft_kernels", "draft_vocab")  # shape a separate draft model's own weights
 SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree", "vs_plain") + \
-    DROPMATCH_FLAGS + TREE_FLAGS + DRAFT_MODEL_FLAGS
+    DROPMATCH_FLAGS + tuple(POLICY_FLAGS) + TREE_FLAGS + DRAFT_MODEL_FLAGS
 NOT_A_DRAFT_MODEL = ("ngram", "early-exit", "self")  # --draft kinds without weights of their own to shape
 NOT_BATCHED = {  # flags that cannot apply to several prompts at once, and why
     "tree": "draft trees are not batched", "branching": "draft trees are not batched",
@@ -47,6 +51,10 @@ the same settings in vLLM (speculative_config) / llama.cpp / transformers (gener
   --draft-length heuristic  - / - / num_assistant_tokens_schedule="heuristic"
   --draft-p-min P           - / --draft-p-min P / assistant_confidence_threshold=P
   --policy exact            the lossless verification of each (at temperature 0: greedy)
+  --policy block            vLLM: rejection_sample_method="block"
+  --policy fly              vLLM: rejection_sample_method="fly", with --fly-window W
+                            --fly-entropy-threshold T --fly-entropy-top-k K as fly_window_size=W,
+                            fly_entropy_threshold=T, fly_entropy_top_k=K
   --max-new-tokens N        max_tokens=N / -n N / max_new_tokens=N
   --stop S                  stop=[S] / "stop" (server) / stop_strings=[S]
   --temperature, --top-k, --top-p, --seed: the same in all three
@@ -89,6 +97,10 @@ class GenerateArgs:
     criterion: str
     majority: str
     or_base: bool
+    lenience_beta: float  # --policy lenience's beta
+    fly_window: int  # --policy fly's W, entropy threshold and top-k
+    fly_entropy_threshold: float
+    fly_entropy_top_k: int
     tree: int | None  # nodes per verify pass; None: chains
     branching: tuple[int, ...] | None
     tree_width: int | None
@@ -154,9 +166,12 @@ def build_parser() -> Parser:
                         "'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
     s.add_argument("--policy", default="exact",
                    help="acceptance policy: exact, sampling, block (Sun et al.'s block verification: lossless, never "
-                        "fewer accepted tokens than sampling; vLLM's rejection_sample_method 'block'), typical, "
-                        "dropmatch (Algorithm 1 in full), dropmatch-lazy (the same decisions, computing only what "
-                        "each needs), or a registered name")
+                        "fewer accepted tokens than sampling; vLLM's rejection_sample_method 'block'), traversal "
+                        "(its tree form, Weng et al.: lossless on --tree; on a chain, block), typical, lenience "
+                        "(sampling against --lenience-beta times the draft; lossy), fly (FLy: exact / sampling plus "
+                        "an entropy gate and a deferred window; lossy; vLLM's 'fly'), dropmatch (Algorithm 1 in "
+                        "full), dropmatch-lazy (the same decisions, computing only what each needs), or a registered "
+                        "name")
     s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5,
                    help="draft length per verify step (with --draft-length heuristic: the most)")
     s.add_argument("--draft-length", choices=["fixed", "heuristic"], default="fixed",
@@ -184,6 +199,18 @@ def build_parser() -> Parser:
     s.add_argument("--majority", choices=["strict", "plurality"], default="strict", help="DropMatch: the vote")
     s.add_argument("--no-or-base", dest="or_base", action="store_false",
                    help="DropMatch alone, not OR-ed with its base policy (exact at T=0, sampling at T>0)")
+    s.add_argument("--lenience-beta", type=ranged(float, "--lenience-beta", lo=0, hi=1), default=0.5, metavar="BETA",
+                   help="lenience: accept a draft d with probability min(1, p(d) / (BETA q(d))); 1 = lossless "
+                        "sampling, 0 = keep every draft the target gives any mass (lenience needs --temperature > 0: "
+                        "at 0 it is exact match whatever BETA)")
+    s.add_argument("--fly-window", type=ranged(int, "--fly-window", lo=0), default=6, metavar="W",
+                   help="FLy: a rejected draft is accepted only if the next W drafts pass the base rule (vLLM: "
+                        "fly_window_size); needs W < --gamma")
+    s.add_argument("--fly-entropy-threshold", type=ranged(float, "--fly-entropy-threshold", lo=0), default=0.3,
+                   metavar="T", help="FLy: ... and the target's top-k entropy there (nats) is at least T (vLLM: "
+                                     "fly_entropy_threshold; at most ln k)")
+    s.add_argument("--fly-entropy-top-k", type=ranged(int, "--fly-entropy-top-k", lo=1), default=3, metavar="K",
+                   help="FLy: the k in top-k entropy (vLLM: fly_entropy_top_k)")
     t = p.add_argument_group("draft trees")
     t.add_argument("--tree", type=ranged(int, "--tree", lo=1), default=None, metavar="N",
                    help="draft a tree of up to N nodes per step instead of a chain, verified in one pass of N+1 rows; "
@@ -273,6 +300,9 @@ def check_flags(args: GenerateArgs) -> None:
         if dest in DROPMATCH_FLAGS and args.policy not in DROPMATCH_POLICIES:
             raise MinispecError(f"{flag(dest)}: a DropMatch setting; expected --policy dropmatch or dropmatch-lazy "
                                 f"(not {args.policy})")
+        if dest in POLICY_FLAGS and args.policy != POLICY_FLAGS[dest][0]:
+            raise MinispecError(f"{flag(dest)}: a {POLICY_FLAGS[dest][0]} setting; expected --policy "
+                                f"{POLICY_FLAGS[dest][0]} (not {args.policy})")
         if dest in ("top_k", "top_p") and args.temperature == 0:
             raise MinispecError(f"{flag(dest)}: applies only when sampling; expected --temperature > 0 "
                                 "(at 0 decoding takes the argmax)")
@@ -302,6 +332,14 @@ def check_flags(args: GenerateArgs) -> None:
                                 "(or - for stdin) with it")
         if args.batch_size is not None and dest in NOT_BATCHED:
             raise MinispecError(f"{flag(dest)}: {NOT_BATCHED[dest]}; expected one of --batch-size and {flag(dest)}")
+    if args.draft is not None and args.policy == "lenience" and args.temperature == 0:
+        raise MinispecError("--policy lenience: at --temperature 0 the target gives every draft but its argmax "
+                            "probability 0, so lenience is exact match whatever --lenience-beta; expected "
+                            "--temperature > 0 (or --policy exact)")
+    if args.draft is not None and args.policy == "fly" and args.fly_window >= args.gamma:
+        raise MinispecError(f"--fly-window {args.fly_window}: FLy defers a rejection only when the {args.fly_window} "
+                            f"drafts after it are in the same step, and --gamma {args.gamma} drafts at most; expected "
+                            f"--fly-window below --gamma (or a larger --gamma)")
     if "agreement" in args.given and args.dropout_p != "auto":
         raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
     if args.batch_size is not None and args.dropout_p == "auto" and args.policy in DROPMATCH_POLICIES:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minispec.errors import MinispecError
-from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, GenerateArgs, check_flags
+from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, POLICY_FLAGS, GenerateArgs, check_flags
 from minispec.generate.printing import Printer, StopStrings, decoded_text, print_prompt_text, use_colour
 
 if TYPE_CHECKING:
@@ -353,7 +353,8 @@ def _policy(args: GenerateArgs, p: float | str):
     if args.policy in DROPMATCH_POLICIES:
         return acceptance.get(args.policy, p=p, paths=args.paths, criterion=args.criterion,
                               majority=args.majority, or_base=args.or_base)  # masks seeded from --seed by the loop
+    options = {option: getattr(args, dest) for dest, (policy, option) in POLICY_FLAGS.items() if policy == args.policy}
     try:
-        return acceptance.get(args.policy)
+        return acceptance.get(args.policy, **options)
     except MinispecError as err:
         raise MinispecError(f"--{err}") from None

@@ -4,6 +4,7 @@
 
     check_policy(MyPolicy, lossless=True)            # a policy class or a zero-argument factory
     check_policy(MyLossyPolicy, neutral={"strength": 0.0}, base="exact")
+    check_policy(MyLenientSampling, neutral={"beta": 1.0}, base="sampling", neutral_temperatures=(0.0, 1.0))
     check_cache(MyCache)                             # a class with KVCache's constructor
     check_ragged_cache(MyBatchCache)                 # a class with RaggedKVCache's constructor
 
@@ -25,8 +26,9 @@ Policy checks (a policy is an AcceptancePolicy subclass; see minispec/acceptance
   multi_step_lossless (lossless) 3-token outputs of a tiny model through the real loop,
                       chi-square against the exact sequence distribution, at T=0.5 and T=2
                       (away from 1, so a temperature applied to p but not to q shows)
-  neutral_is_base     (if neutral= is given) at temperature 0 the policy built with the neutral
-                      kwargs emits exactly the base policy's tokens and decisions
+  neutral_is_base     (if neutral= is given) at each of neutral_temperatures (default: 0 only)
+                      the policy built with the neutral kwargs emits exactly the base policy's
+                      tokens and accepted lengths, seed for seed
 """
 
 from __future__ import annotations
@@ -136,13 +138,15 @@ def with_head(policy: AcceptancePolicy, inp: VerifyInput, seed: int) -> VerifyIn
 
 
 def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: bool | None = None,
-                 neutral: dict | None = None, base: str = "exact", statistical: bool = True,
-                 progress: bool = True) -> None:
+                 neutral: dict | None = None, base: str = "exact", neutral_temperatures: tuple = (0.0,),
+                 statistical: bool = True, progress: bool = True) -> None:
     """Run every applicable policy invariant (see the module docstring) against `policy_factory`.
 
     lossless: whether the policy claims to preserve the target distribution (default: the
       class's own `lossless` attribute). neutral: kwargs at which a lossy policy should reduce to
-      `base` at temperature 0 (e.g. {"p": 0.0} for DropMatch). statistical=False skips the two
+      `base` (e.g. {"p": 0.0} for DropMatch), at each of `neutral_temperatures` (0: greedy; a policy
+      whose neutral setting is its base at T > 0 too, draw for draw, lists those temperatures
+      as well: {"beta": 1.0} for lenience at (0.0, 1.0)). statistical=False skips the two
       sampling-based losslessness checks (they take a few seconds each). progress: one line per
       check on stderr.
     """
@@ -266,13 +270,15 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
            prompt=st.lists(st.integers(0, 5), min_size=1, max_size=10))
     def neutral_is_base(cfg, seed, gamma, prompt):
         target = random_model(cfg, seed, scale=3.0)
-        for draft in (random_model(cfg, seed + 1, scale=3.0), "ngram:2", target):
-            want = generate(target, prompt, max_new_tokens=10, draft=draft, policy=base, gamma=gamma, eos_token_ids=[])
-            got = generate(target, prompt, max_new_tokens=10, draft=draft, policy=policy_factory(**neutral),
-                           gamma=gamma, eos_token_ids=[])
-            assert got.tokens == want.tokens, f"tokens {got.tokens} != {base}'s {want.tokens}"
-            assert got.stats["accepted_length_histogram"] == want.stats["accepted_length_histogram"], \
-                f"accepted lengths {got.stats['accepted_length_histogram']} != {base}'s"
+        for temperature in neutral_temperatures:
+            for draft in (random_model(cfg, seed + 1, scale=3.0), "ngram:2", target):
+                run = dict(max_new_tokens=10, draft=draft, gamma=gamma, temperature=temperature, seed=seed,
+                           eos_token_ids=[])
+                want = generate(target, prompt, policy=base, **run)
+                got = generate(target, prompt, policy=policy_factory(**neutral), **run)
+                assert got.tokens == want.tokens, f"T = {temperature}: tokens {got.tokens} != {base}'s {want.tokens}"
+                assert got.stats["accepted_length_histogram"] == want.stats["accepted_length_histogram"], \
+                    f"T = {temperature}: accepted lengths {got.stats['accepted_length_histogram']} != {base}'s"
 
     _run(f"check_policy({name}): validation", validation, progress)
     _run(f"check_policy({name}): decision_range", decision_range, progress)
