@@ -87,17 +87,19 @@ def test_fly_equals_its_rule_written_out(inp, seed, window, threshold, top_k):
 FLAT, PEAKED = [1.0, 0.9, 0.9, -9.0], [-9.0, -9.0, 9.0, -9.0]
 
 
-@pytest.mark.parametrize("draft, rows, window, threshold, want", [
-    ([1, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 3, 0.3, (4, 2)),  # deferred: the next 3 agree
-    ([1, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 4, 0.3, (0, 0)),  # the window does not fit
-    ([1, 2, 0, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 3, 0.3, (0, 0)),  # a mismatch inside the window
-    ([1, 2, 0, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 1, 0.3, (2, 2)),  # a window of 1 fits before it
-    ([1, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 3, 1.2, (0, 0)),  # the threshold above ln 3
-    ([1, 2, 2, 2], [PEAKED, PEAKED, PEAKED, PEAKED, PEAKED], 3, 0.3, (0, 2)),  # a confident target: no deferral
-    ([3, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 0, 0.0, (4, 2)),  # W = 0: the gate alone
+@pytest.mark.parametrize("draft, rows, window, threshold, want, top_k", [
+    ([1, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 3, 0.3, (4, 2), 3),  # deferred: the next 3 agree
+    ([1, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 4, 0.3, (0, 0), 3),  # the window does not fit
+    ([1, 2, 0, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 3, 0.3, (0, 0), 3),  # a mismatch inside the window
+    ([1, 2, 0, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 1, 0.3, (2, 2), 3),  # a window of 1 fits before it
+    ([1, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 3, 1.2, (0, 0), 3),  # the threshold above ln 3
+    ([1, 2, 2, 2], [PEAKED, PEAKED, PEAKED, PEAKED, PEAKED], 3, 0.3, (0, 2), 3),  # a confident target: no deferral
+    ([3, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 0, 0.0, (4, 2), 3),  # W = 0: the gate alone
+    # top-1 "entropy" -p ln p = 0.37 of the flat row's p = 0.36: over 0.3 (renormalised over the one, it is 0)
+    ([1, 2, 2, 2], [FLAT, PEAKED, PEAKED, PEAKED, PEAKED], 0, 0.3, (4, 2), 1),
 ])
-def test_table_cases_at_temperature_zero(draft, rows, window, threshold, want):
-    assert decided(FLy(window, threshold)(verify_input(draft, rows))) == want
+def test_table_cases_at_temperature_zero(draft, rows, window, threshold, want, top_k):
+    assert decided(FLy(window, threshold, top_k)(verify_input(draft, rows))) == want
 
 
 def test_a_token_the_target_gives_no_mass_is_never_deferred():

@@ -97,3 +97,21 @@ def test_a_bad_beta_is_one_line_naming_it(beta):
         Lenience(beta=beta)
     with pytest.raises(MinispecError, match="lenience beta"):
         get("lenience", beta=beta)
+
+
+def test_the_correction_is_drawn_from_the_scaled_residual():
+    """p = (0.2, 0.3, 0.5), q = (0.6, 0.4, 0), d = 0, beta = 0.5: d is kept with 0.2 / 0.3; a
+    rejection corrects from max(0, p - beta q) = (0, 0.1, 0.5), token 1 with probability 1/6,
+    where sampling's residual max(0, p - q) = (0, 0, 0.5) never gives it. Over 900 seeds (about
+    300 rejections) the share of token 1 has a standard deviation of 0.022; the bound is 4 of them."""
+    p_target = [[0.2, 0.3, 0.5], [1 / 3, 1 / 3, 1 / 3]]
+    logits = [[math.log(v) for v in row] for row in p_target]
+    corrections = []
+    for seed in range(900):
+        inp = verify_input([0], logits, SamplingParams(1.0), q_draft=[[0.6, 0.4, 0.0]], p_target=p_target, seed=seed)
+        decision = Lenience(beta=0.5)(inp)
+        if decision.num_accepted == 0:
+            corrections.append(decision.next_token)
+    assert 240 <= len(corrections) <= 360  # P(reject) = 1/3
+    assert 0 not in corrections
+    assert abs(corrections.count(1) / len(corrections) - 1 / 6) < 4 * 0.022, corrections.count(1) / len(corrections)

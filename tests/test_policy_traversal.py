@@ -1,4 +1,5 @@
-"""Traversal verification (minispec/acceptance/traversal.py), float64.
+"""Traversal verification (TraversalVerification in minispec/acceptance/block.py, its walk
+traversal_walk in minispec/acceptance/trees.py), float64.
 
 Exactly, on tiny vocabularies and small trees whose siblings are drawn without replacement: the
 output is distributed as the target's, and the expected number of accepted tokens is never
@@ -18,10 +19,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minispec.acceptance import BlockVerification, TraversalVerification, VerifyInput
-from minispec.acceptance import traversal
+from minispec.acceptance import trees
 from minispec.acceptance.sampling import acceptance_probability, residual_distribution
-from minispec.acceptance.traversal import traversal_walk, traverse
-from minispec.acceptance.trees import children_by_row, greedy_walk
+from minispec.acceptance.trees import children_by_row, greedy_walk, traversal_walk, traverse
 from minispec.sampling import SamplingParams, logits_to_probs
 from minispec.testing import seeds
 from minispec.testing.checks import P_VALUE_FLOOR
@@ -304,7 +304,7 @@ def weight_without_the_parent(w_parent: float, p_x: float, q_x: float) -> float:
 @pytest.mark.parametrize("source", ["depth-2-(3,2)", "depth-3-(3,2,2)"])
 def test_the_traversal_losslessness_test_rejects_a_planted_bug(source, bug, monkeypatch):
     """Power check: the same chi-square test and sample size, the walk's weight rule replaced."""
-    monkeypatch.setattr(traversal, "child_weight", bug)
+    monkeypatch.setattr(trees, "child_weight", bug)
     p_first, p_three = lossless_p_values(source, walk=traversal_walk)
     assert min(p_first, p_three) < P_VALUE_FLOOR, \
         f"the bug passes: chi-square p-values {p_first:.2g} (first token), {p_three:.2g} (first three)"
@@ -316,4 +316,4 @@ def test_traversal_is_a_registered_policy_with_a_tree_form():
 
     policy = get("traversal")
     assert isinstance(policy, TraversalVerification) and policy.lossless
-    assert walk_for(policy) is traversal.traversal_tree
+    assert walk_for(policy) is trees.traversal_tree

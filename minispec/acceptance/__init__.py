@@ -25,14 +25,13 @@ adds your own.
 
 from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputError, VerifyInput, available,
                                       check_input, first_rejection, get, register)
-from minispec.acceptance.block import BlockVerification
+from minispec.acceptance.block import BlockVerification, TraversalVerification
 from minispec.acceptance.dropmatch import DropMatch
 from minispec.acceptance.dropmatch_lazy import LazyDropMatch
 from minispec.acceptance.exact import ExactMatch
 from minispec.acceptance.fly import FLy
 from minispec.acceptance.lenience import Lenience
 from minispec.acceptance.sampling import SpeculativeSampling
-from minispec.acceptance.traversal import TraversalVerification
 from minispec.acceptance.typical import TypicalAcceptance
 
 __all__ = [

@@ -109,3 +109,12 @@ class BlockVerification(AcceptancePolicy):
         tau = accepted_length(stop, uniforms.cpu())
         token = sample_token(next_distribution(inp.p_target, inp.q_draft, weights, tau), inp.generator)
         return Decision(tau, token)
+
+
+@register("traversal")
+class TraversalVerification(BlockVerification):
+    """Traversal verification (Weng et al., arXiv 2505.12398), the tree counterpart of block
+    verification: on a tree, minispec.acceptance.trees.traversal_walk (leaf to root, lossless);
+    on a chain it is block verification itself, draw for draw, so `decide` is inherited."""
+
+    lossless = True
