@@ -6,8 +6,9 @@ docstring gives the math.
 Chapter 1, the chain: the loop, and everything the other chapters build on
   speculative.py        the loop: prefill, draft, verify gamma+1 rows, decide, roll back
   loop.py, stats.py     what every loop shares (results, checks, commit); tau and the rest, defined once
-  acceptance/           base.py: what a policy sees and returns; exact.py, sampling.py, typical.py,
-                        dropmatch.py (Algorithm 1 as written), dropmatch_lazy.py (its exact shortcuts)
+  acceptance/           base.py: what a policy sees and returns; exact.py, sampling.py, block.py
+                        (block verification, and traversal's chain form), typical.py, lenience.py,
+                        fly.py, dropmatch.py (Algorithm 1 as written), dropmatch_lazy.py (its shortcuts)
   drafters.py           the drafter interface and its kinds; draft_length.py: how many to draft
   model.py, kv_cache.py the Llama / Qwen2 / Qwen3 transformer, and the cache that rolls back
   config.py, checkpoint.py, tokenizer.py, sampling.py   a Hugging Face folder in, logits to p and q

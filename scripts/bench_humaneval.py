@@ -195,6 +195,11 @@ def summarize(result: dict) -> list[dict]:
         seconds = sum(b["seconds"] for b in mine)
         return (sum(b["tokens"] for b in mine) / seconds if seconds else None), mine
 
+    def batch_ratios(name, other):  # per batch (same seed, same problems): name's tok/s over other's
+        theirs = {(b.get("seed"), tuple(b["task_ids"])): b for b in batches if b["config"] == other}
+        return [(b["tokens"] / b["seconds"]) / (o["tokens"] / o["seconds"]) for b in batches if b["config"] == name
+                for o in [theirs.get((b.get("seed"), tuple(b["task_ids"])))] if o and b["seconds"] and o["seconds"]]
+
     target_tps, _ = throughput("target") if "target" in result["configs"] else (None, [])
     base_tps, _ = throughput(result["base"])
     rows = []
@@ -214,6 +219,7 @@ def summarize(result: dict) -> list[dict]:
                      "acceptance": sum(r["accepted"] for r in mine) / drafted if drafted else None,
                      "tokens_per_second": tps, "speedup": ratio(tps, target_tps) if tps and target_tps else None,
                      "vs_base_speed": ratio(tps, base_tps) if tps and base_tps else None,
+                     "vs_base_speed_median": benchlib.median(batch_ratios(name, result["base"])),
                      "policy_share": sum(b["policy_seconds"] for b in timings) / seconds if seconds else None,
                      "differ_from_target": differ, "completions": len(mine)})
     return rows
@@ -225,7 +231,9 @@ def render(result: dict) -> str:
     text += (f"\n{len(result['task_ids'])} HumanEval problems, T = {result.get('temperature', 0)}"
              f"{'' if len(seeds) == 1 else f', pass@1 the mean over seeds {seeds}'}, {result['dtype']}, batches of "
              f"{result.get('batch', 1)}; intervals: paired bootstrap 95% of pass@1 minus {result['base']}'s; "
-             "throughput: every row's tokens over the batches' wall time, prefill included.\n\n")
+             "throughput: every row's tokens over the batches' wall time, prefill included; the median batch: "
+             f"the median over batches of a batch's throughput over {result['base']}'s on the same problems "
+             "(robust to a batch slowed by other work on the machine).\n\n")
     rows = summarize(result)
 
     def interval(d):
@@ -233,9 +241,10 @@ def render(result: dict) -> str:
 
     return text + md_table(
         ["configuration", "pass@1", f"vs {result['base']} (points)", "tau", "acceptance", "tok/s",
-         "x target alone", f"x {result['base']}", "policy time", "differ from target"],
+         "x target alone", f"x {result['base']}", "(median batch)", "policy time", "differ from target"],
         [[r["config"], f"{r['pass_at_1'] * 100:.1f}%", interval(r["vs_base"]), fmt(r["tau"]), fmt(r["acceptance"]),
           fmt(r["tokens_per_second"], ".1f"), fmt(r["speedup"], ".2f", "x"), fmt(r["vs_base_speed"], ".2f", "x"),
+          fmt(r["vs_base_speed_median"], ".2f", "x"),
           fmt(r["policy_share"], ".1%"),
           "–" if r["differ_from_target"] is None else f"{r['differ_from_target']}/{r['completions']}"]
          for r in rows]) + "\n"

@@ -69,6 +69,7 @@ def test_summary_on_planted_records():
     assert rows["dropmatch-0.3-g5"]["policy_share"] == pytest.approx(0.5 / 9.0)
     assert rows["dropmatch-0.3-g5"]["speedup"] == pytest.approx(110 / 9.0 / 5.0)
     assert rows["dropmatch-0.3-g5"]["vs_base_speed"] == pytest.approx(11.0 / 9.0)
+    assert rows["dropmatch-0.3-g5"]["vs_base_speed_median"] == pytest.approx((5.5 / 4.0 + 5.5 / 5.0) / 2)  # 2 batches
     assert rows["dropmatch-0.3-g5"]["differ_from_target"] == 3
 
 
