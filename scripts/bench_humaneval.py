@@ -14,9 +14,12 @@ the batches' wall time) and its ratio to the target alone's and to the base's on
 share of the time (policy seconds over total seconds).
 
 Configurations (CONFIGS): `target` (--ckpt alone), `draft` (--draft alone), `exact-gG` (the draft
-proposing gamma G tokens, exact match: the target's own greedy output), `sampling-gG` (lossless
-speculative sampling; at T = 0 it is exact match), and `dropmatch-P-gG` (the same draft with
-DropMatch, p = P, K = 5, lazy form, OR-ed with the base: exact at T = 0, sampling at T > 0). A
+proposing gamma G tokens, exact match: the target's own greedy output), `sampling-gG` and
+`block-gG` (lossless speculative sampling, token by token or as one block; at T = 0 both are
+exact match), `typical-gG` (Medusa's defaults), `lenience-B-gG` (beta B; T > 0 only: at T = 0 it
+is exact match), `fly-W-gG` (window W < G, vLLM's threshold 0.3 over the top-3 entropy), and
+`dropmatch-P-gG` (the same draft with DropMatch, p = P, K = 5, lazy form, OR-ed with the base:
+exact at T = 0, sampling at T > 0). A
 `@ngram` suffix drafts with prompt lookup (minispec's n-gram drafter) instead of the draft model:
 a weaker draft, which leaves DropMatch more rejections to overturn.
 
@@ -50,24 +53,41 @@ from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "bench_humaneval"
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
-CONFIG = re.compile(r"^(target|draft|(exact|sampling)-g(\d+)|dropmatch-(0?\.\d+|0)-g(\d+))(@ngram)?$")
-LOSSLESS = ("exact", "sampling")
+CONFIG = re.compile(r"^(?P<kind>[a-z]+)(?:-(?P<value>\d*\.?\d+))?-g(?P<gamma>\d+)(?P<ngram>@ngram)?$")
+POLICIES = {  # a configuration's kind -> (the policy, the option its value sets: None for none)
+    "exact": ("exact", None), "sampling": ("sampling", None), "block": ("block", None), "typical": ("typical", None),
+    "lenience": ("lenience", "beta"), "fly": ("fly", "window_size"), "dropmatch": ("dropmatch-lazy", "p"),
+}
+CONFIG_HELP = ("target, draft, exact-gG, sampling-gG, block-gG, typical-gG, lenience-B-gG (beta B), fly-W-gG "
+               "(window W, vLLM's entropy threshold 0.3 and top-3), dropmatch-P-gG (p P, K = 5), each but the first "
+               "two optionally with @ngram (e.g. exact-g5, dropmatch-0.3-g10@ngram)")
 
 
 def parse_config(name: str) -> dict:
-    """'dropmatch-0.3-g5' -> {"name", "model", "policy", "p", "gamma"}; an unknown name is a MinispecError."""
-    m = CONFIG.match(name)
-    if m is None or (m.group(6) and m.group(1) in ("target", "draft")):
-        raise MinispecError(f"--configs {name!r}: expected target, draft, exact-gG, sampling-gG or dropmatch-P-gG, "
-                            "the last three optionally with @ngram (e.g. exact-g5, dropmatch-0.3-g10@ngram)")
-    drafter = "ngram" if m.group(6) else "draft"
+    """'dropmatch-0.3-g5' -> {"name", "model", "policy", "options", "gamma", "drafter"}; an unknown name is a
+    MinispecError."""
     if name in ("target", "draft"):
-        return {"name": name, "model": name, "policy": None, "p": None, "gamma": None, "drafter": None}
-    if m.group(2):
-        return {"name": name, "model": "target", "policy": m.group(2), "p": None, "gamma": int(m.group(3)),
-                "drafter": drafter}
-    return {"name": name, "model": "target", "policy": "dropmatch-lazy", "p": float(m.group(4)),
-            "gamma": int(m.group(5)), "drafter": drafter}
+        return {"name": name, "model": name, "policy": None, "options": {}, "gamma": None, "drafter": None}
+    m = CONFIG.match(name)
+    kind = POLICIES.get(m.group("kind")) if m else None
+    if kind is None or (kind[1] is None) != (m.group("value") is None):
+        raise MinispecError(f"--configs {name!r}: expected {CONFIG_HELP}")
+    policy, option = kind
+    options = {}
+    if option == "window_size":
+        options[option] = int(float(m.group("value")))
+        if options[option] != float(m.group("value")) or options[option] >= int(m.group("gamma")):
+            raise MinispecError(f"--configs {name!r}: FLy's window is a whole number below the gamma (a deferred "
+                                "draft needs W drafts after it in the same step)")
+    elif option is not None:
+        options[option] = float(m.group("value"))
+        if not 0 <= options[option] <= 1 or (option == "p" and options[option] == 1):
+            raise MinispecError(f"--configs {name!r}: {option} = {m.group('value')}; expected "
+                                f"{'0 <= p < 1' if option == 'p' else '0 <= beta <= 1'}")
+    if policy == "dropmatch-lazy":
+        options["paths"] = 5
+    return {"name": name, "model": "target", "policy": policy, "options": options, "gamma": int(m.group("gamma")),
+            "drafter": "ngram" if m.group("ngram") else "draft"}
 
 
 def config_list(text: str) -> tuple[dict, ...]:
@@ -85,8 +105,7 @@ def decode_batch(models: dict, config: dict, prompts: list[list[int]], args, see
     sampling = dict(max_new_tokens=args.new_tokens, eos_token_ids=eos, temperature=args.temperature, seed=seed)
     if config["policy"] is None:
         return generate_batch(models[config["model"]], prompts, **sampling)
-    policy = acceptance.get(config["policy"]) if config["policy"] in LOSSLESS else \
-        acceptance.get(config["policy"], p=config["p"], paths=5)
+    policy = acceptance.get(config["policy"], **config["options"])
     draft = models["drafter"] if config["drafter"] == "draft" else "ngram"
     return generate_batch(models["target"], prompts, draft=draft, policy=policy, gamma=config["gamma"], **sampling)
 
@@ -135,6 +154,10 @@ def measure(args, ckpt) -> dict:
     if args.base not in names:
         raise MinispecError(f"--base {args.base}: not among --configs; expected one of {', '.join(names)}")
     seeds = list(args.seeds)
+    greedy_only = [c["name"] for c in configs if c["policy"] == "lenience" and args.temperature == 0]
+    if greedy_only:
+        raise MinispecError(f"--configs {greedy_only[0]}: at --temperature 0 lenience is exact match whatever its "
+                            "beta; expected --temperature above 0 for it")
     if args.temperature == 0 and len(seeds) > 1:
         raise MinispecError(f"--seeds {','.join(map(str, seeds))}: at --temperature 0 decoding is greedy and every "
                             "seed gives the same completions; give one seed, or a temperature above 0")
@@ -257,8 +280,7 @@ def main(argv=None) -> int:
     parser.add_argument("--problems", type=ranged(int, "--problems", lo=1, hi=164), default=164,
                         help="the first N of HumanEval's 164")
     parser.add_argument("--configs", type=config_list, default="target,draft,exact-g5,dropmatch-0.3-g5",
-                        help="comma-separated: target, draft, exact-gG, sampling-gG, dropmatch-P-gG (the last three "
-                        "with @ngram: the n-gram draft)")
+                        help=f"comma-separated: {CONFIG_HELP}; @ngram: the n-gram draft")
     parser.add_argument("--base", default="exact-g5", help="the configuration the intervals compare against")
     parser.add_argument("--batch", type=ranged(int, "--batch", lo=1, hi=64), default=8,
                         help="problems decoded together")

@@ -18,14 +18,23 @@ from minispec.errors import MinispecError  # noqa: E402
 
 def test_configuration_names():
     assert bench_humaneval.parse_config("exact-g10") == {"name": "exact-g10", "model": "target", "policy": "exact",
-                                                         "p": None, "gamma": 10, "drafter": "draft"}
+                                                         "options": {}, "gamma": 10, "drafter": "draft"}
     assert bench_humaneval.parse_config("dropmatch-0.3-g10@ngram")["drafter"] == "ngram"
     assert bench_humaneval.parse_config("sampling-g5")["policy"] == "sampling"
-    assert bench_humaneval.parse_config("dropmatch-0.3-g5")["p"] == 0.3
+    assert bench_humaneval.parse_config("dropmatch-0.3-g5")["options"] == {"p": 0.3, "paths": 5}
+    assert bench_humaneval.parse_config("dropmatch-0-g5")["options"]["p"] == 0.0
+    assert bench_humaneval.parse_config("lenience-0.5-g5")["options"] == {"beta": 0.5}
+    assert bench_humaneval.parse_config("fly-3-g5")["options"] == {"window_size": 3}
+    assert bench_humaneval.parse_config("block-g10")["policy"] == "block"
+    assert bench_humaneval.parse_config("typical-g5")["policy"] == "typical"
     assert bench_humaneval.parse_config("draft")["model"] == "draft"
-    for bad in ("exact", "dropmatch-1.5-g5", "dropmatch-0.3", "target-g5", "typical-g5", "target@ngram",
-                "exact-g5@self", ""):
-        with pytest.raises(MinispecError, match="expected target, draft, exact-gG, sampling-gG or dropmatch-P-gG"):
+    for bad in ("exact", "dropmatch-0.3", "target-g5", "target@ngram", "exact-g5@self", "", "exact-0.3-g5",
+                "lenience-g5", "fly-g5", "medusa-g5"):
+        with pytest.raises(MinispecError, match="expected target, draft, exact-gG"):
+            bench_humaneval.parse_config(bad)
+    for bad, message in (("dropmatch-1.5-g5", "p = 1.5"), ("lenience-1.5-g5", "beta"), ("fly-5-g5", "below the gamma"),
+                         ("fly-2.5-g5", "whole number")):
+        with pytest.raises(MinispecError, match=message):
             bench_humaneval.parse_config(bad)
     with pytest.raises(MinispecError, match="at least one configuration"):
         bench_humaneval.config_list(" , ")
@@ -89,6 +98,7 @@ def test_pass_at_1_over_seeds_is_the_mean_per_problem():
 @pytest.mark.parametrize("argv, message", [
     (["--configs", "exact-g5", "--base", "target"], "--base target: not among --configs"),
     (["--configs", "target", "--base", "target", "--seeds", "0,1"], "at --temperature 0 decoding is greedy"),
+    (["--configs", "sampling-g5,lenience-0.5-g5", "--base", "sampling-g5"], "lenience is exact match"),
 ])
 def test_mistakes_are_one_line_before_any_model_loads(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(bench_humaneval, "load_models", lambda *a: pytest.fail("loaded models for a mistake"))
