@@ -380,6 +380,10 @@ READ_ALL_SCRIPT = r"""
 import os, signal, sys, threading, time
 from minispec.cli import read_all
 
+# Python's own Ctrl-C handling, whatever this process inherited: a background job of a
+# non-interactive shell starts with SIGINT ignored, and then no read is ever interrupted.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 def poke():  # Ctrl-C delivered to a worker thread, as the kernel may do once torch's thread pool exists
     time.sleep(0.5)
     signal.pthread_kill(threading.get_ident(), signal.SIGINT)
