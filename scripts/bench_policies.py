@@ -2,8 +2,8 @@
 
     python scripts/bench_policies.py [--quick] [--out DIR] [--sets ...] [--policies ...] [--drafters ...]
 
-Plain decoding and every acceptance policy (exact, sampling, typical, DropMatch by criterion)
-with each drafter and draft length gamma, on Spec-Bench (by category), GSM8K and HumanEval, at
+Plain decoding and every acceptance policy (exact, sampling, block, typical, lenience:BETA, fly:W,
+DropMatch by criterion; lenience at T = 0 is exact match, and its row there shows it) with each drafter and draft length gamma, on Spec-Bench (by category), GSM8K and HumanEval, at
 temperature 0 and at temperature 1 (seeded), next to transformers' plain `generate` and its
 prompt-lookup assisted generation. Pipeline, in the order of this file:
 
@@ -75,7 +75,8 @@ from minispec.cli import ranged, run_main  # noqa: E402
 PROG = "bench_policies"
 ALL_SETS = benchlib.SPEC_BENCH_SETS + ("gsm8k", "humaneval")
 SET_ALIASES = {"spec_bench": benchlib.SPEC_BENCH_SETS, "all": ALL_SETS}
-BASE_POLICIES = ("exact", "sampling", "typical")
+BASE_POLICIES = ("exact", "sampling", "block", "typical")
+VALUED_POLICIES = {"lenience": "beta", "fly": "window_size"}  # lenience:BETA, fly:W
 DROPMATCH_CRITERIA = ("js_or_majority", "js", "majority", "naive")
 DROPMATCH_DEFAULT_CRITERIA = ("js_or_majority", "majority", "naive")
 
@@ -127,6 +128,9 @@ def make_policy(config: Config, args: Args) -> acceptance.AcceptancePolicy:
     if config.policy == "dropmatch":  # the plain version: its stats count heads_agree at every position
         return acceptance.get("dropmatch", p=args.dropout_p, paths=args.paths, criterion=config.criterion,
                               seed=args.seed)
+    if config.policy in VALUED_POLICIES:  # lenience / fly: the value rides in `criterion`
+        value = float(config.criterion) if config.policy == "lenience" else int(config.criterion)
+        return acceptance.get(config.policy, **{VALUED_POLICIES[config.policy]: value})
     return acceptance.get(config.policy)
 
 
@@ -621,8 +625,15 @@ def _expand_policy(name: str) -> tuple[str, ...] | None:
         return (name,)
     if name == "dropmatch":
         return tuple(f"dropmatch:{c}" for c in DROPMATCH_DEFAULT_CRITERIA)
-    kind, _, criterion = name.partition(":")
-    return (name,) if kind == "dropmatch" and criterion in DROPMATCH_CRITERIA else None
+    kind, _, value = name.partition(":")
+    if kind == "lenience":
+        try:
+            return (name,) if 0 <= float(value) <= 1 else None
+        except ValueError:
+            return None
+    if kind == "fly":
+        return (name,) if value.isdigit() else None
+    return (name,) if kind == "dropmatch" and value in DROPMATCH_CRITERIA else None
 
 
 def _expand_drafter(name: str) -> tuple[str, ...] | None:
@@ -650,9 +661,10 @@ def build_parser() -> benchlib.Parser:
                    default=None, help="comma-separated; spec_bench = its six categories (if not given: all; --quick: "
                    "mt_bench,gsm8k,humaneval)")
     p.add_argument("--policies", default="exact,sampling,typical,dropmatch",
-                   type=benchlib.name_list("--policies", _expand_policy, "exact, sampling, typical, dropmatch "
-                                           f"(= criteria {','.join(DROPMATCH_DEFAULT_CRITERIA)}) or dropmatch:CRITERION "
-                                           f"with CRITERION in {','.join(DROPMATCH_CRITERIA)}"),
+                   type=benchlib.name_list("--policies", _expand_policy, "exact, sampling, block, typical, "
+                                           "lenience:BETA (0 <= BETA <= 1), fly:W (window W below every gamma), "
+                                           f"dropmatch (= criteria {','.join(DROPMATCH_DEFAULT_CRITERIA)}) or "
+                                           f"dropmatch:CRITERION with CRITERION in {','.join(DROPMATCH_CRITERIA)}"),
                    help="comma-separated; plain decoding always runs")
     p.add_argument("--drafters", type=benchlib.name_list("--drafters", _expand_drafter,
                                                          "ngram, ngram:N, early-exit:N, self:bf16, self:int8"),
@@ -674,9 +686,14 @@ def build_parser() -> benchlib.Parser:
 def parse_args(argv: list[str] | None = None) -> Args:
     """argv -> Args; --quick fills what was not given explicitly. Bad flags exit 2 with one line."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
     preset = QUICK if ns.quick else FULL
     pick = lambda name: getattr(ns, name) if getattr(ns, name) is not None else preset[name]  # noqa: E731
+    windows = [int(spec.partition(":")[2]) for spec in ns.policies if spec.startswith("fly:")]
+    if windows and max(windows) >= min(pick("gammas")):
+        parser.error(f"--policies fly:{max(windows)}: FLy's window must be below every gamma (a deferred draft needs W "
+                     f"drafts after it in its step); expected W < {min(pick('gammas'))} or larger --gammas")
     return Args(
         quick=ns.quick, out=benchlib.out_dir(PROG, ns.out), ckpt=ns.ckpt, data_dir=ns.data_dir or benchlib.DATA, dtype=ns.dtype,
         kernels=ns.kernels, max_new_tokens=pick("max_new_tokens"), prompts_per_set=pick("prompts_per_set"),

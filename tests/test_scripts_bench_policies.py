@@ -186,6 +186,10 @@ def test_quick_fills_only_what_was_not_given():
     args = bench.parse_args(["--quick", "--gammas", "3,8", "--policies", "exact,dropmatch"])
     assert args.quick and args.gammas == (3, 8) and args.max_new_tokens == 40 and args.prompts_per_set == 1
     assert args.policies == ("exact", "dropmatch:js_or_majority", "dropmatch:majority", "dropmatch:naive")
+    rivals = bench.parse_args(["--quick", "--policies", "block,lenience:0.5,fly:2"])
+    assert rivals.policies == ("block", "lenience:0.5", "fly:2")
+    assert [type(bench.make_policy(bench.Config("minispec", "ngram", *spec.partition(":")[::2], 5), rivals)).__name__
+            for spec in rivals.policies] == ["BlockVerification", "Lenience", "FLy"]
     full = bench.parse_args(["--temperatures", "1,0", "--sets", "spec_bench"])
     assert full.temperatures == (0.0, 1.0) and full.sets == benchlib.SPEC_BENCH_SETS and full.gammas == (3, 5, 8)
     assert full.out.parts[-2:] == ("out", "bench_policies")
@@ -197,6 +201,9 @@ def test_quick_fills_only_what_was_not_given():
     (["--temperatures", "-1"], "--temperatures"),
     (["--sets", "gsm8k,imagenet"], "--sets"),
     (["--policies", "dropmatch:vibes"], "--policies"),
+    (["--policies", "lenience:1.5"], "--policies"),
+    (["--policies", "fly:two"], "--policies"),
+    (["--policies", "fly:3", "--gammas", "3,5"], "--policies fly:3"),
     (["--drafters", "early-exit"], "--drafters"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--prompts-per-set", "x"], "--prompts-per-set"),
