@@ -26,6 +26,7 @@ from minispec.sampling import SamplingParams, logits_to_probs
 from minispec.testing import seeds
 from minispec.testing.checks import P_VALUE_FLOOR
 from minispec.tree import DraftTree
+from test_policy_block import random_tables  # target and draft tables, contexts up to length depth + 1
 from test_tree_acceptance import TREE_SOURCES, lossless_p_values
 
 F64 = torch.float64
@@ -35,23 +36,6 @@ SHAPES = {  # parents, topological order
     "fan-2-both-deep": [-1, -1, 0, 1], "fork-below": [-1, 0, 0], "fan-3": [-1, -1, -1, 0],
     "mixed": [-1, -1, 0, 0, 1], "deep-and-wide": [-1, -1, 0, 1, 2],
 }
-
-
-def random_tables(seed: int, vocab: int, depth: int, ties: bool):
-    """Target and draft "models" as tables, context (tuple of tokens) -> [V]; with `ties`, some
-    draft rows equal the target's and some rows have zeros (the 0/0 and empty-residual cases)."""
-    gen = torch.Generator().manual_seed(seed)
-
-    def row():
-        logits = 2 * torch.randn(vocab, generator=gen, dtype=F64)
-        if ties and torch.rand(1, generator=gen) < 0.3:
-            logits[torch.randint(vocab, (1,), generator=gen)] = -float("inf")
-        return torch.softmax(logits, -1)
-
-    contexts = [c for n in range(depth + 2) for c in itertools.product(range(vocab), repeat=n)]
-    target = {c: row() for c in contexts}
-    draft = {c: (target[c].clone() if ties and torch.rand(1, generator=gen) < 0.3 else row()) for c in contexts}
-    return target, draft
 
 
 def context(parents: list[int], tokens: list[int], node: int) -> tuple:

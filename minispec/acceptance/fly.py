@@ -98,9 +98,9 @@ class FLy(AcceptancePolicy):
             base = greedy_acceptances(inp.draft_tokens, inp.target_logits)  # [gamma]
             criterion = torch.softmax(inp.target_logits[:gamma].to(F64), dim=-1)  # [gamma, V]
         else:
-            base = sample_acceptances(inp.p_target, inp.q_draft, inp.draft_tokens, inp.generator).cpu()  # [gamma]
+            base = sample_acceptances(inp.p_target, inp.q_draft, inp.draft_tokens, inp.generator)  # [gamma]
             criterion = inp.p_target[:gamma].to(F64)  # [gamma, V]
-        base = base.cpu()
+        base = base.cpu()  # the window is read on the CPU, position by position
         entropy = top_k_entropy(criterion, self.entropy_top_k).cpu()  # [gamma]
         has_mass = criterion.gather(-1, inp.draft_tokens.unsqueeze(-1)).squeeze(-1).cpu() > 0  # [gamma]
         defer = deferred(base, entropy, has_mass, self.window_size, self.entropy_threshold)  # [gamma]
