@@ -1,0 +1,244 @@
+"""Acceptance rules on draft trees, sampled: tau, speed and quality of each rule's tree walk.
+
+    python scripts/bench_tree_rules.py [--ckpt DIR|NAME] [--draft early-exit:24] [--sets mt_bench,gsm8k,humaneval]
+                                       [--prompts-per-set 2] [--budget 16] [--branching 4,2,1] [--gamma 4]
+                                       [--rules sampling,traversal,typical,dropmatch:0.3] [--chain sampling,block]
+                                       [--temperature 1] [--seeds 0,1] [--max-new-tokens 64]
+
+Per prompt and seed, every rule walks the same kind of tree (minispec.tree_speculative.generate_tree:
+a static tree of --branching children per depth, cut to --budget nodes, --gamma deep, drafted by
+--draft), and every --chain rule decodes a chain of gamma = --gamma drafts with the same drafter
+(minispec.speculative.generate): a chain of gamma drafts costs gamma + 1 verify rows, a tree
+budget + 1. Rules with a tree walk (minispec.acceptance.trees.walk_names()):
+
+    sampling      multi-draft speculative sampling (recursive rejection over siblings): lossless
+    traversal     traversal verification (leaf to root, sequence-level): lossless, never fewer
+                  accepted tokens in expectation on a chain
+    typical       Medusa's typical acceptance (lossy)
+    dropmatch:P   DropMatch's tree rule (K = 5 heads at dropout p = P) OR-ed with sampling (lossy)
+
+Chain rules: sampling, block (lossless; block is traversal's chain form), typical, dropmatch:P.
+
+Per row, pooled over prompts and seeds: tau (tokens per verify step, the correction/bonus
+counted), acceptance (accepted depth over tree depth, per step), the median over (prompt, seed) of
+tok/s over the tree `sampling` row's on the same prompt and seed, and quality: the target's mean
+NLL per generated token (float32, one forward over prompt + output), with its paired bootstrap 95%
+interval against tree `sampling` (the same (prompt, seed) pairs resampled). A lossless rule's NLL
+differs from sampling's only by chance (its interval holds 0); a lossy rule's shows what it costs.
+
+Writes bench_tree_rules.json and .md to --out (default out/bench_tree_rules/); records.jsonl is
+appended as the run goes and read back on the next run (resumable: rows done with the same draft,
+tree, temperature and length are skipped).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import benchlib
+from benchlib import fmt, md_table, median, ratio
+
+import torch  # noqa: E402
+
+from minispec.cli import ranged  # noqa: E402
+from minispec.errors import MinispecError  # noqa: E402
+
+PROG = "bench_tree_rules"
+TREE_RULES = ("sampling", "traversal", "typical", "dropmatch")
+CHAIN_RULES = ("sampling", "block", "typical", "dropmatch")
+BASE = "tree sampling"
+
+
+def parse_rule(spec: str, allowed: tuple[str, ...], flag: str) -> tuple[str, str, dict]:
+    """'dropmatch:0.3' -> ('dropmatch:0.3', 'dropmatch', {'p': 0.3, 'paths': 5}); 'traversal' -> (..., {})."""
+    kind, _, value = spec.partition(":")
+    expected = f"{flag} {spec!r}: expected comma-separated names among {', '.join(allowed)} (dropmatch:P, 0 <= P < 1)"
+    if kind not in allowed or (kind == "dropmatch") != bool(value):
+        raise MinispecError(expected)
+    if kind != "dropmatch":
+        return spec, kind, {}
+    try:
+        p = float(value)
+    except ValueError:
+        raise MinispecError(expected) from None
+    if not 0 <= p < 1:
+        raise MinispecError(expected)
+    return spec, "dropmatch", {"p": p, "paths": 5}
+
+
+def rule_list(allowed: tuple[str, ...], flag: str):
+    def parse(text: str) -> tuple:
+        rules = tuple(parse_rule(s.strip(), allowed, flag) for s in text.split(",") if s.strip())
+        if not rules and flag == "--rules":
+            raise MinispecError(f"{flag} {text!r}: expected at least one rule")
+        return rules
+
+    return parse
+
+
+def rows_of(args) -> list[dict]:
+    """Every row the run decodes: the trees (sampling first: the base), then the chains."""
+    trees = [("sampling", "sampling", {})] + [r for r in args.rules if r[0] != "sampling"]
+    rows = [{"label": f"tree {name}", "shape": "tree", "policy": kind, "options": opts} for name, kind, opts in trees]
+    rows += [{"label": f"chain {name}", "shape": "chain", "policy": kind, "options": opts}
+             for name, kind, opts in args.chain]
+    return rows
+
+
+@torch.inference_mode()
+def mean_nll(model, prompt: list[int], tokens: list[int]) -> float | None:
+    """Mean -log p_target(token | everything before it) over the generated tokens, one forward pass."""
+    if not tokens:
+        return None
+    ids = torch.tensor([prompt + tokens])  # [1, P + N]
+    logits = model(ids)[0, len(prompt) - 1: -1].double()  # [N, V]: the rows that predict the tokens
+    return float(-torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None]).mean())
+
+
+def decode(model, drafter, tree_drafter, row: dict, prompt, args, seed: int, eos: list[int]):
+    from minispec import acceptance
+    from minispec.speculative import generate
+    from minispec.tree_speculative import generate_tree
+
+    policy = acceptance.get(row["policy"], **row["options"])
+    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=seed, eos_token_ids=eos,
+                  policy=policy, gamma=args.gamma)
+    if row["shape"] == "tree":
+        return generate_tree(model, prompt.ids, draft=tree_drafter, tree=args.budget, **common)
+    return generate(model, prompt.ids, draft=drafter, **common)
+
+
+def measure(args, ckpt: Path) -> dict:
+    import minispec
+    from minispec import kernels
+    from minispec.drafters import make_drafter
+    from minispec.tree_drafters import TreeSpec, make_tree_drafter
+
+    out = benchlib.out_dir(PROG, args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records_file = out / "records.jsonl"
+    setting = (f"{args.draft} budget {args.budget} branching {','.join(map(str, args.branching))} depth {args.gamma} "
+               f"T {args.temperature:g} {args.max_new_tokens} tokens")  # records of other settings are not reused
+    key = (lambda r: (r["label"], r["set"], r["index"], r["seed"], r["setting"]))
+    done = benchlib.read_records(records_file, key)
+    tokenizer = minispec.load_tokenizer(ckpt)
+    prompts = benchlib.load_prompts(args.sets, args.prompts_per_set, tokenizer)
+    model = kernels.apply(minispec.load_model(ckpt, dtype=torch.float32), "fast", checkpoint=ckpt)
+    spec = args.draft
+    if not spec.startswith(("early-exit:", "self:", "ngram")):
+        from minispec.hub import resolve_checkpoint
+
+        spec = minispec.load_model(resolve_checkpoint(spec, what="--draft"), dtype=torch.float32)
+    drafter = make_drafter(spec, model)  # a chain drafter (early exit shares the target's layers)
+    tree_drafter = make_tree_drafter(spec, model, TreeSpec(budget=args.budget, branching=args.branching),
+                                     depth=args.gamma)
+    rows = rows_of(args)
+    eos = tokenizer.eos_token_ids
+    with records_file.open("a") as log:
+        for prompt in prompts:
+            for seed in args.seeds:
+                for row in rows:
+                    if (row["label"], prompt.set, prompt.index, seed, setting) in done:
+                        continue
+                    result = decode(model, drafter, tree_drafter, row, prompt, args, seed, eos)
+                    s = result.stats
+                    r = {"label": row["label"], "set": prompt.set, "index": prompt.index, "seed": seed,
+                         "setting": setting, "tokens": result.tokens, "steps": s.get("verify_steps", 0),
+                         "drafted": s.get("num_drafted", 0), "accepted": s.get("num_accepted", 0),
+                         "tokens_per_second": s["tokens_per_second"],
+                         "nll": mean_nll(model, prompt.ids, result.tokens)}
+                    done[key(r)] = r
+                    log.write(json.dumps(benchlib.finite(r)) + "\n")
+                    log.flush()
+                    print(f"{row['label']:<22} {prompt.set}/{prompt.index} seed {seed}  tau "
+                          f"{(len(r['tokens']) - 1) / max(r['steps'], 1):.2f}  {r['tokens_per_second']:.1f} tok/s", flush=True)
+    pairs = [(p.set, p.index, seed) for p in prompts for seed in args.seeds]
+    return {"settings": {"draft": args.draft, "sets": list(args.sets), "prompts_per_set": args.prompts_per_set,
+                         "budget": args.budget, "branching": list(args.branching), "gamma": args.gamma,
+                         "temperature": args.temperature, "seeds": list(args.seeds),
+                         "max_new_tokens": args.max_new_tokens},
+            "labels": [row["label"] for row in rows], "pairs": pairs,
+            "records": [done[(row["label"], *pair, setting)] for row in rows for pair in pairs]}
+
+
+def paired_interval(a: list[float], b: list[float], reps: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean(a - b), low, high): the 95% percentile interval of the mean difference over resampled pairs."""
+    diff = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)  # [n]
+    picks = torch.randint(0, len(diff), (reps, len(diff)), generator=torch.Generator().manual_seed(seed))
+    means = diff[picks].mean(dim=1).sort().values  # [reps]
+    return diff.mean().item(), means[int(0.025 * (reps - 1))].item(), means[int(round(0.975 * (reps - 1)))].item()
+
+
+def summarize(result: dict) -> list[dict]:
+    by = {(r["label"], r["set"], r["index"], r["seed"]): r for r in result["records"]}
+    pairs = [tuple(p) for p in result["pairs"]]
+    base_tau = None
+    rows = []
+    for label in result["labels"]:
+        mine = [by[(label, *pair)] for pair in pairs]
+        base = [by[(BASE, *pair)] for pair in pairs]
+        steps = sum(r["steps"] for r in mine)
+        tau = sum(len(r["tokens"]) - 1 for r in mine) / steps if steps else None  # the first token is the prefill's
+        if label == BASE:
+            base_tau = tau
+        usable = [(r["nll"], b["nll"]) for r, b in zip(mine, base) if r["nll"] is not None and b["nll"] is not None]
+        rows.append({
+            "label": label, "tau": tau, "tau_gain": ratio(tau, base_tau) - 1 if tau and base_tau else None,
+            "acceptance": sum(r["accepted"] for r in mine) / max(sum(r["drafted"] for r in mine), 1),
+            "speed": median(r["tokens_per_second"] / b["tokens_per_second"] for r, b in zip(mine, base)
+                            if b["tokens_per_second"]),
+            "nll": sum(n for n, _ in usable) / len(usable) if usable else None,
+            "vs_base_nll": paired_interval([n for n, _ in usable], [m for _, m in usable]) if usable else None,
+        })
+    return rows
+
+
+def render(result: dict) -> str:
+    return benchlib.record_markdown(result["run"]) + "\n" + table(result)
+
+
+def table(result: dict) -> str:
+    """The settings in a line, and the table."""
+    s = result["settings"]
+    text = (f"T = {s['temperature']}, seeds {s['seeds']}, {len(result['pairs']) // len(s['seeds'])} prompts "
+            f"({', '.join(s['sets'])}, {s['prompts_per_set']} each), {s['max_new_tokens']} new tokens; draft "
+            f"{s['draft']}; trees: budget {s['budget']}, branching {s['branching']}, depth {s['gamma']}; chains: "
+            f"gamma {s['gamma']}. tau pooled; speed: median over (prompt, seed) of tok/s over {BASE}'s; NLL: the "
+            f"target's mean per token, with the paired bootstrap 95% interval against {BASE}'s.\n\n")
+    return text + md_table(
+        ["rule", "tau", f"tau vs {BASE}", "acceptance", f"x {BASE} (median)", "NLL", f"NLL vs {BASE} [95% CI]"],
+        [[r["label"], fmt(r["tau"]), "–" if r["tau_gain"] is None else f"{r['tau_gain'] * 100:+.1f}%",
+          fmt(r["acceptance"]), fmt(r["speed"], ".2f", "x"), fmt(r["nll"], ".3f"),
+          "–" if r["vs_base_nll"] is None else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*r["vs_base_nll"])]
+         for r in summarize(result)]) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = benchlib.script_parser(PROG, __doc__)
+    parser.add_argument("--draft", default="early-exit:24",
+                        help="the drafter: early-exit:N, self:bf16|int8, a checkpoint folder or a known name")
+    parser.add_argument("--sets", type=benchlib.name_list("--sets", benchlib.PROMPT_SETS),
+                        default="mt_bench,gsm8k,humaneval", help="comma-separated prompt sets")
+    parser.add_argument("--prompts-per-set", type=ranged(int, "--prompts-per-set", lo=1, hi=80), default=2,
+                        help="the first N prompts of each set")
+    parser.add_argument("--budget", type=ranged(int, "--budget", lo=1, hi=64), default=16, help="tree nodes per step")
+    parser.add_argument("--branching", type=benchlib.number_list(int, "--branching", 1), default="4,2,1",
+                        help="children per node at depth 1, 2, ... (a static tree)")
+    parser.add_argument("--gamma", type=ranged(int, "--gamma", lo=1, hi=32), default=4,
+                        help="tree depth, and the chains' draft length")
+    parser.add_argument("--rules", type=rule_list(TREE_RULES, "--rules"), default="sampling,traversal,typical,dropmatch:0.3",
+                        help=f"tree rules, comma-separated, among {', '.join(TREE_RULES)} (dropmatch:P); "
+                             "tree sampling always runs: the base")
+    parser.add_argument("--chain", type=rule_list(CHAIN_RULES, "--chain"), default="sampling,block",
+                        help=f"chain rules at gamma = --gamma, among {', '.join(CHAIN_RULES)} (dropmatch:P); '' for none")
+    parser.add_argument("--temperature", type=ranged(float, "--temperature", lo=0.0, hi=100.0, lo_open=True),
+                        default=1.0, help="sampling temperature (> 0: at 0 the lossless walks are all greedy)")
+    parser.add_argument("--seeds", type=benchlib.number_list(int, "--seeds", 0), default="0,1", help="comma-separated")
+    parser.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1, hi=4096), default=64,
+                        help="tokens per prompt")
+    return benchlib.run_benchmark(PROG, argv, parser, measure, render)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

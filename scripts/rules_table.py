@@ -1,0 +1,261 @@
+"""The acceptance rules side by side: one table and its Pareto figure (tau gain against quality change).
+
+    python scripts/rules_table.py [--pair out/rules_pair/bench_humaneval.json]
+                                  [--smollm2 out/rules_smollm2/bench_policies.json ...]
+                                  [--trees out/rules_smollm2_trees/bench_tree_rules.json ...]
+                                  [--out out/rules_table] [--png docs/img/rules_pareto.png]
+
+Reads what the benchmarks wrote and measures nothing itself:
+
+  --pair      scripts/bench_humaneval.py on the real pair (HumanEval pass@1 by execution). Each
+              configuration is compared with `sampling-gG` at its own gamma G (at T = 0:
+              `exact-gG`): tau gain, pass@1 difference with its paired bootstrap 95% interval
+              (the same problems resampled), throughput over the base's on the same batches
+              (median over batches).
+  --smollm2   one or more scripts/bench_policies.py results (e.g. a second run at the calibrated
+              DropMatch p); each chain configuration is compared with the base at the same
+              drafter, gamma and temperature (sampling at T > 0, exact at T = 0) on the same prompts:
+              tau gain (pooled), the target's NLL per token and the token agreement with plain
+              greedy, each with its paired bootstrap 95% interval over prompts, and the median
+              over prompts of the speed-up over plain decoding divided by the base's.
+  --trees     scripts/bench_tree_rules.py results: its rows as it reports them (against tree
+              sampling).
+
+The figure: one panel per model, every chain configuration a point, x = quality change (pass@1
+points on the pair; NLL per token on SmolLM2, where lower is better, so the x axis is -dNLL:
+right is better in both), y = tau gain over its base, bars = the 95% interval of the quality change.
+Lossless rules sit at x = 0 up to chance. Writes rules_table.md and .json to --out; --png needs matplotlib.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import benchlib
+import humaneval_harness as harness
+from benchlib import fmt, md_table, median
+
+import torch  # noqa: E402
+
+from minispec.cli import run_main  # noqa: E402
+from minispec.errors import MinispecError  # noqa: E402
+
+PROG = "rules_table"
+LOSSLESS = ("exact", "sampling", "block", "traversal")
+
+
+def read_json(path: Path, made_by: str) -> dict:
+    if not path.is_file():
+        raise MinispecError(f"{path}: no such file; expected a result of scripts/{made_by}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise MinispecError(f"{path}: not JSON ({error.msg} at line {error.lineno}); expected a result of "
+                            f"scripts/{made_by}") from None
+
+
+def paired_mean_interval(a: list[float], b: list[float], reps: int = 10_000, seed: int = 0) -> list[float] | None:
+    """[mean(a - b), low, high]: the 95% percentile interval of the mean difference over resampled pairs."""
+    if not a:
+        return None
+    diff = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)  # [n]
+    picks = torch.randint(0, len(diff), (reps, len(diff)), generator=torch.Generator().manual_seed(seed))
+    means = diff[picks].mean(dim=1).sort().values  # [reps]
+    return [diff.mean().item(), means[int(0.025 * (reps - 1))].item(), means[int(round(0.975 * (reps - 1)))].item()]
+
+
+# ------------------------------------------------------------------------------------- the pair
+
+
+def pair_rows(result: dict) -> list[dict]:
+    """One row per configuration of a bench_humaneval result, against sampling-gG (T > 0) or exact-gG."""
+    import bench_humaneval
+
+    temperature = result.get("temperature", 0)
+    seeds = result.get("seeds", [0])
+    by = {(r["config"], r.get("seed"), r["task_id"]): r for r in result["records"]}
+    tasks = result["task_ids"]
+    rows = []
+    for name in result["configs"]:
+        config = bench_humaneval.parse_config(name)
+        if config["gamma"] is None:
+            continue
+        base = f"{'sampling' if temperature > 0 else 'exact'}-g{config['gamma']}" + (
+            "@ngram" if config["drafter"] == "ngram" else "")
+        if base not in result["configs"]:
+            continue
+        mine = bench_humaneval.summarize({**result, "base": base})
+        row = next(r for r in mine if r["config"] == name)
+        base_row = next(r for r in mine if r["config"] == base)
+        solved = lambda n: [sum(by[(n, s, t)]["passed"] for s in seeds) / len(seeds) for t in tasks]  # noqa: E731
+        rows.append({"model": "pair", "rule": name.split("-g")[0], "config": name, "gamma": config["gamma"],
+                     "temperature": temperature, "base": base, "tau": row["tau"],
+                     "tau_gain": row["tau"] / base_row["tau"] - 1 if row["tau"] and base_row["tau"] else None,
+                     "acceptance": row["acceptance"], "quality": row["pass_at_1"],
+                     "quality_change": list(harness.paired_bootstrap(solved(name), solved(base))),
+                     "speed_vs_base": row["vs_base_speed_median"], "policy_share": row["policy_share"],
+                     "prompts": len(tasks)})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- SmolLM2
+
+
+def rule_of(record: dict) -> str:
+    policy = record["policy"]
+    if policy == "dropmatch":
+        return f"dropmatch-{record.get('dropout_p'):g}"
+    return f"{policy}-{record['criterion']}" if record.get("criterion") else policy  # lenience-0.5, fly-3
+
+
+def smollm2_rows(results: list[dict]) -> list[dict]:
+    """Chain configurations of bench_policies results, against their base on the same prompts."""
+    records = []
+    for result in results:
+        p = result["settings"]["dropout_p"]
+        records += [{**r, "dropout_p": p} for r in result["records"] if r["tool"] == "minispec" and r["drafter"]]
+    groups: dict[tuple, dict[str, dict]] = {}  # (drafter, gamma, T) -> rule -> {prompt: record}
+    for r in records:
+        groups.setdefault((r["drafter"], r["gamma"], r["temperature"]), {}).setdefault(rule_of(r), {})[
+            (r["set"], r["prompt_index"])] = r
+    rows = []
+    for (drafter, gamma, temperature), rules in sorted(groups.items()):
+        base_name = "sampling" if temperature > 0 else "exact"
+        base = rules.get(base_name)
+        if base is None:
+            continue
+        base_tau = pooled_tau(list(base.values()))
+        for rule, mine in rules.items():
+            prompts = [k for k in mine if k in base]
+            tau = pooled_tau([mine[k] for k in prompts])
+            nll = [(mine[k]["nll"], base[k]["nll"]) for k in prompts
+                   if mine[k].get("nll") is not None and base[k].get("nll") is not None]
+            agree = [(mine[k]["agree_overall"], base[k]["agree_overall"]) for k in prompts
+                     if mine[k].get("agree_overall") is not None and base[k].get("agree_overall") is not None]
+            drafted = sum(mine[k]["num_drafted"] or 0 for k in prompts)
+            rows.append({
+                "model": "smollm2", "rule": rule, "config": f"{rule} g{gamma}", "drafter": drafter, "gamma": gamma,
+                "temperature": temperature, "base": base_name, "tau": tau,
+                "tau_gain": tau / base_tau - 1 if tau and base_tau else None,
+                "acceptance": sum(mine[k]["num_accepted"] or 0 for k in prompts) / drafted if drafted else None,
+                "quality": sum(a for a, _ in nll) / len(nll) if nll else None,
+                "quality_change": paired_mean_interval([a for a, _ in nll], [b for _, b in nll]),
+                "agreement": sum(a for a, _ in agree) / len(agree) if agree else None,
+                "agreement_change": paired_mean_interval([a for a, _ in agree], [b for _, b in agree]),
+                "speed_vs_base": median(mine[k]["speedup"] / base[k]["speedup"] for k in prompts
+                                        if mine[k].get("speedup") and base[k].get("speedup")),
+                "policy_share": median(mine[k].get("policy_share") for k in prompts
+                                       if mine[k].get("policy_share") is not None),
+                "prompts": len(prompts)})
+    return rows
+
+
+def pooled_tau(records: list[dict]) -> float | None:
+    steps = sum(r["verify_steps"] or 0 for r in records)
+    return (sum(r["num_accepted"] or 0 for r in records) + steps) / steps if steps else None
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def interval(values: list[float] | None, scale: float = 1.0, spec: str = "+.1f") -> str:
+    if values is None:
+        return "–"
+    a, lo, hi = (v * scale for v in values)
+    return f"{a:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def render(pair: list[dict], smollm2: list[dict], trees: list[dict]) -> str:
+    text = ""
+    if pair:
+        text += "### The real pair: HumanEval pass@1 by execution\n\n" + md_table(
+            ["T", "gamma", "rule", "tau", "tau gain", "acceptance", "pass@1", "vs base (points) [95% CI]",
+             "x base (median batch)", "policy time"],
+            [[fmt(r["temperature"], "g"), str(r["gamma"]), r["rule"], fmt(r["tau"]), fmt_gain(r["tau_gain"]),
+              fmt(r["acceptance"]), f"{r['quality'] * 100:.1f}%", interval(r["quality_change"], 100),
+              fmt(r["speed_vs_base"], ".2f", "x"), fmt(r["policy_share"], ".1%")] for r in pair]) + "\n"
+    if smollm2:
+        text += "### SmolLM2-135M: the target's NLL and agreement with greedy\n\n" + md_table(
+            ["T", "gamma", "drafter", "rule", "tau", "tau gain", "acceptance", "NLL", "vs base [95% CI]",
+             "agreement", "vs base [95% CI]", "x base (median)", "prompts"],
+            [[fmt(r["temperature"], "g"), str(r["gamma"]), r["drafter"], r["rule"], fmt(r["tau"]),
+              fmt_gain(r["tau_gain"]), fmt(r["acceptance"]), fmt(r["quality"], ".3f"),
+              interval(r["quality_change"], 1, "+.3f"), fmt(r["agreement"], ".2f"),
+              interval(r["agreement_change"], 1, "+.2f"), fmt(r["speed_vs_base"], ".2f", "x"), str(r["prompts"])]
+             for r in smollm2]) + "\n"
+    for result in trees:
+        import bench_tree_rules
+
+        text += "### SmolLM2-135M on draft trees (T > 0)\n\n" + bench_tree_rules.table(result)
+    return text
+
+
+def fmt_gain(gain: float | None) -> str:
+    return "–" if gain is None else f"{gain * 100:+.1f}%"
+
+
+def plot(pair: list[dict], smollm2: list[dict], png: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    panels = [("the real pair, HumanEval (T = 1)", "pass@1 change (points)", pair, 100.0),
+              ("SmolLM2-135M, early-exit draft", "-(NLL change) per token (right = more likely)", smollm2, -1.0)]
+    panels = [p for p in panels if p[2]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), squeeze=False)
+    for ax, (title, xlabel, rows, scale) in zip(axes[0], panels):
+        for r in rows:
+            if r["tau_gain"] is None or r["quality_change"] is None:
+                continue
+            x, lo, hi = (v * scale for v in r["quality_change"])
+            lo, hi = min(lo, hi), max(lo, hi)
+            marker = "o" if r["gamma"] <= 5 else "s"
+            color = "tab:blue" if r["rule"] in LOSSLESS else "tab:red"
+            ax.errorbar(x, r["tau_gain"] * 100, xerr=[[x - lo], [hi - x]], fmt=marker, color=color,
+                        alpha=0.5 if r["temperature"] == 0 else 1.0, capsize=2)
+            ax.annotate(f"{r['rule']} g{r['gamma']}" + (" T0" if r["temperature"] == 0 and r["model"] != "pair" else ""),
+                        (x, r["tau_gain"] * 100), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.axvline(0, color="grey", lw=0.5)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("tau gain over the base (%)")
+    fig.text(0.01, 0.01, "blue: lossless, red: lossy; circles gamma 5, squares gamma 10; faded: T = 0; "
+             "bars: paired 95% interval", fontsize=8)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    return png
+
+
+def main(argv=None) -> int:
+    parser = benchlib.Parser(prog=PROG, description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--pair", type=Path, nargs="*", default=[], help="bench_humaneval.json files")
+    parser.add_argument("--smollm2", type=Path, nargs="*", default=[], help="bench_policies.json files")
+    parser.add_argument("--trees", type=Path, nargs="*", default=[], help="bench_tree_rules.json files")
+    parser.add_argument("--out", type=Path, default=None, help=f"output folder (if not given: out/{PROG}/)")
+    parser.add_argument("--png", type=Path, default=None, help="the figure (if not given: none)")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        if not (args.pair or args.smollm2 or args.trees):
+            raise MinispecError("nothing to tabulate; expected --pair, --smollm2 or --trees with result files")
+        pair = [row for path in args.pair for row in pair_rows(read_json(path, "bench_humaneval.py"))]
+        smollm2 = smollm2_rows([read_json(path, "bench_policies.py") for path in args.smollm2])
+        trees = [read_json(path, "bench_tree_rules.py") for path in args.trees]
+        text = render(pair, smollm2, trees)
+        out = benchlib.out_dir(PROG, args.out)
+        benchlib.write_outputs(out, PROG, {"pair": pair, "smollm2": smollm2}, text)
+        if args.png is not None:
+            print(f"{PROG}: wrote {plot(pair, smollm2, args.png)}", file=sys.stderr)
+        print(text)
+        return 0
+
+    return run_main(PROG, body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

