@@ -147,6 +147,8 @@ def generate_batch(
     if drafter is not None:
         gamma = check_gamma(gamma)
         policy = acceptance.get(policy)
+        policy.check_sizes(min(gamma, max_new_tokens) + 1, target.config.vocab_size, target.config.hidden_size,
+                           target.device)
         schedule = draft_lengths.get(draft_length, gamma)
 
     results: list[GenerationResult] = []

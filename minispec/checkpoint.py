@@ -30,12 +30,38 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
+WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def check_placement(dtype, device) -> tuple[torch.dtype, torch.device]:
+    """load_model's dtype (a floating torch.dtype) and device (one torch can use here), with one-line errors."""
+    if not isinstance(dtype, torch.dtype) or dtype not in WEIGHT_DTYPES:
+        names = ", ".join(f"torch.{str(d).removeprefix('torch.')}" for d in WEIGHT_DTYPES)
+        hint = f" (torch.{dtype}, not the string)" if isinstance(dtype, str) and hasattr(torch, dtype) else ""
+        raise CheckpointError(f"dtype = {dtype!r}{hint}: the weights are stored in a float dtype; expected one of "
+                              f"{names} (an int8 copy: minispec.kernels 'int8' or draft 'self:int8')")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise CheckpointError(f"device = {device!r}: not a torch device; expected 'cpu', 'cuda', 'cuda:N' or 'mps'") \
+            from None
+    usable = {"cpu": True, "meta": False, "cuda": torch.cuda.is_available(),
+              "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
+    if not usable.get(device.type, False) or (device.type == "cuda" and device.index is not None
+                                              and device.index >= torch.cuda.device_count()):
+        raise CheckpointError(f"device = {str(device)!r}: torch cannot use it on this machine (this torch build: "
+                              f"{torch.__version__}, CUDA {'available' if torch.cuda.is_available() else 'unavailable'});"
+                              " expected 'cpu' or a device that is present")
+    return dtype, device
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                revision: str | None = None) -> Transformer:
     """Read config.json and the safetensors weights in `path`; return the model in eval mode.
 
     `path`: a checkpoint folder or a hub repo id 'owner/name[@revision]' (minispec.hub).
     """
+    dtype, device = check_placement(dtype, device)
     folder = resolve_checkpoint(path, revision, what="checkpoint")
     config = ModelConfig.from_hf(folder)
 
@@ -49,13 +75,16 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
     for name, tensor in _read_tensors(folder, set(expected), config.model_type):
         if tuple(tensor.shape) != expected[name]:
             raise CheckpointError(
-                f"{folder}: tensor '{_hf_name(name)}' has shape {list(tensor.shape)}; expected {list(expected[name])}"
+                f"{folder}: tensor '{_hf_name(name)}' has shape {list(tensor.shape)}; expected {list(expected[name])} "
+                f"from config.json's {shape_fields(name)}"
             )
         state[name] = tensor.to(device=device, dtype=dtype)
     missing = sorted(set(expected) - set(state))
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(f"{folder}: missing tensor '{_hf_name(missing[0])}'{more}")
+        why = (" (config.json's tie_word_embeddings is false: the head is a tensor of its own; true if it shares "
+               "the embedding)") if missing[0] == "lm_head.weight" else ""
+        raise CheckpointError(f"{folder}: missing tensor '{_hf_name(missing[0])}'{more}{why}")
 
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
@@ -85,11 +114,35 @@ def _hf_name(name: str) -> str:
     return name if name.startswith("lm_head.") else "model." + name
 
 
+SHAPE_FIELDS = {  # a tensor's name ends with -> the config.json fields its shape is made of
+    "embed_tokens.weight": "vocab_size x hidden_size", "lm_head.weight": "vocab_size x hidden_size",
+    "q_proj.weight": "num_attention_heads * head_dim x hidden_size", "q_proj.bias": "num_attention_heads * head_dim",
+    "k_proj.weight": "num_key_value_heads * head_dim x hidden_size", "k_proj.bias": "num_key_value_heads * head_dim",
+    "v_proj.weight": "num_key_value_heads * head_dim x hidden_size", "v_proj.bias": "num_key_value_heads * head_dim",
+    "o_proj.weight": "hidden_size x num_attention_heads * head_dim", "q_norm.weight": "head_dim",
+    "k_norm.weight": "head_dim", "gate_proj.weight": "intermediate_size x hidden_size",
+    "up_proj.weight": "intermediate_size x hidden_size", "down_proj.weight": "hidden_size x intermediate_size",
+    "norm.weight": "hidden_size", "layernorm.weight": "hidden_size",
+}
+
+
+def shape_fields(name: str) -> str:
+    """The config.json fields that set tensor `name`'s shape (head_dim: hidden_size // num_attention_heads
+    unless config.json gives it)."""
+    return next((fields for end, fields in SHAPE_FIELDS.items() if name.endswith(end)), "fields")
+
+
 def _read_tensors(folder: Path, expected: set[str], model_type: str):
-    """Yield (our name, tensor) for every tensor in the folder's safetensors file(s)."""
+    """Yield (our name, tensor) for every tensor in the folder's safetensors file(s): each in one
+    file only, floating-point and finite (a NaN or inf weight is a broken file, not a model)."""
+    seen: dict[str, Path] = {}
     for file in _shard_files(folder):
         with _open(file) as f:
             for hf_name in f.keys():
+                if hf_name in seen:
+                    raise CheckpointError(f"{file}: tensor '{hf_name}' is also in {seen[hf_name].name}; expected each "
+                                          "tensor in one shard (which copy is meant cannot be told)")
+                seen[hf_name] = file
                 name = hf_name.removeprefix("model.")
                 if name not in expected:
                     if name == "lm_head.weight":  # tied config, exporter wrote the head anyway
@@ -101,6 +154,10 @@ def _read_tensors(folder: Path, expected: set[str], model_type: str):
                 if not tensor.dtype.is_floating_point:  # quantized or mislabelled: a cast would give garbage
                     raise CheckpointError(f"{file}: tensor '{hf_name}' is {str(tensor.dtype).removeprefix('torch.')}; "
                                           "expected a floating-point tensor (float32, bfloat16, float16, ...)")
+                if not bool(torch.isfinite(tensor).all()):
+                    bad = "NaN" if bool(torch.isnan(tensor).any()) else "inf"
+                    raise CheckpointError(f"{file}: tensor '{hf_name}' holds {bad}; expected finite weights (fetch or "
+                                          "convert the checkpoint again)")
                 yield name, tensor
 
 

@@ -30,8 +30,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     the epilog is printed as written (a table of equivalent flags keeps its columns)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or isinstance(action.default, bool):
+        if action.default is None or isinstance(action.default, bool) or action.default == []:
             return action.help
+        if action.help is None and action.option_strings:  # a flag without help still shows its default
+            return "(default: %(default)s)"
         return super()._get_help_string(action)
 
 

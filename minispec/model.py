@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from minispec.config import ModelConfig, RopeScaling
 from minispec.kv_cache import KVCache, causal_mask
+from minispec.memory import check_fits, kv_cache_bytes
 
 
 class RMSNorm(nn.Module):
@@ -202,8 +203,12 @@ class Transformer(nn.Module):
         defaults to every layer. K/V are stored in the activations' dtype, here the weights'.
         """
         c = self.config
+        positions = max_seq_len or c.max_position_embeddings
+        check_fits(kv_cache_bytes(c, batch_size, positions, self.dtype, num_layers),
+                   f"a KV cache of {batch_size} x {positions} positions", self.device,
+                   "fewer rows (--batch-size), a shorter prompt or fewer max_new_tokens (--max-new-tokens)")
         return cache_class(
-            num_layers or c.num_layers, batch_size, c.num_kv_heads, max_seq_len or c.max_position_embeddings,
+            num_layers or c.num_layers, batch_size, c.num_kv_heads, positions,
             c.head_dim, dtype=self.dtype, device=self.device,
         )
 

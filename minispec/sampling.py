@@ -46,6 +46,11 @@ class SamplingParams:
             positive_int(self.top_k, "top_k")
         if self.top_p is not None and not (_is_real(self.top_p) and 0 < self.top_p <= 1):  # nan fails too
             raise MinispecError(f"top_p = {self.top_p!r}; expected a number 0 < top_p <= 1")
+        if t == 0 and (self.top_k is not None or self.top_p is not None):
+            given = "top_k" if self.top_k is not None else "top_p"
+            raise MinispecError(f"{given} = {getattr(self, given)!r} at temperature 0 (--{given.replace('_', '-')}): "
+                                "greedy decoding takes the argmax, which no truncation changes, so it would be "
+                                f"ignored; expected {given} None at temperature 0, or a temperature above 0")
 
     @property
     def greedy(self) -> bool:

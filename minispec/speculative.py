@@ -181,6 +181,8 @@ def generate(
         return plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_tokens, stop_when)
     gamma = check_gamma(gamma)
     policy = acceptance.get(policy)
+    policy.check_sizes(min(gamma, max_new_tokens) + 1, target.config.vocab_size, target.config.hidden_size,
+                       target.device)
     policy.reset(seed)  # a policy with its own randomness (DropMatch's masks) derives it from the run's seed
     return speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,
                               on_tokens, on_step, stop_when, draft_lengths.get(draft_length, gamma))

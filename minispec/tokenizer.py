@@ -175,6 +175,10 @@ def load_tokenizer(path: str | Path, revision: str | None = None) -> Tokenizer:
 
     bos_token, eos_token = (_token_string(tok_config.get(field), f"{files['tokenizer_config']}: field '{field}'")
                             for field in ("bos_token", "eos_token"))
+    for field, token in (("bos_token", bos_token), ("eos_token", eos_token)):
+        if token and backend.token_to_id(token) is None:  # dropped, it would leave a run with no eos to stop at
+            raise CheckpointError(f"{files['tokenizer_config']}: field '{field}' = {token!r} is not a token of "
+                                  f"{tokenizer_file.name}; expected one of its tokens (e.g. an added token)")
     bos_ids = _first_set(ids(gen_config, "generation_config", "bos_token_id"), _ids_of(backend, bos_token),
                          ids(model_config, "config", "bos_token_id"))
     eos_ids = _first_set(ids(gen_config, "generation_config", "eos_token_id"), _ids_of(backend, eos_token),
@@ -294,7 +298,7 @@ def _token_string(value, where: str) -> str | None:
 
 
 def _ids_of(backend, token: str | None) -> list[int]:
-    """[the id of `token`], or [] if it is unset or not in the vocabulary."""
+    """[the id of `token`], or [] if it is unset (load_tokenizer refuses a token not in the vocabulary)."""
     token_id = backend.token_to_id(token) if token else None
     return [] if token_id is None else [token_id]
 

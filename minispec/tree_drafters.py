@@ -32,6 +32,9 @@ from minispec.sampling import SamplingParams, logits_to_probs, sample_token
 from minispec.tree import DraftTree, tree_mask, tree_positions
 
 
+DEFAULT_BRANCHING = (4, 2, 1)  # a model-draft tree's children per node at depth 1, 2, 3
+
+
 def check_branching(branching, name: str) -> tuple[int, ...]:
     """Children per node by depth: a non-empty list or tuple of integers >= 1."""
     values = tuple(branching) if isinstance(branching, (list, tuple)) else ()
@@ -49,6 +52,11 @@ class TreeDrafter(ABC):
 
     def start(self, max_seq_len: int) -> None:
         """Prepare for a new sequence of at most max_seq_len tokens (allocate or clear caches)."""
+
+    def max_nodes(self, depth: int, max_context: int, vocab_size: int) -> int | None:
+        """The most nodes one of its trees can hold at `depth` after a context of at most
+        `max_context` tokens (a budget above it can never be used), or None if unbounded."""
+        return None
 
     @abstractmethod
     def propose_tree(self, context: list[int], budget: int, depth: int, vocab_size: int,
@@ -70,6 +78,10 @@ class NgramTreeDrafter(TreeDrafter):
 
     def start(self, max_seq_len: int) -> None:
         """Nothing to prepare: the lookup needs no cache."""
+
+    def max_nodes(self, depth: int, max_context: int, vocab_size: int) -> int:
+        """Every candidate is one earlier match (at most max_context per suffix length) of at most `depth` tokens."""
+        return (self.max_ngram - self.min_ngram + 1) * max_context * depth
 
     def candidates(self, context: list[int], depth: int) -> list[list[int]]:
         """The continuations after every earlier match of the context's suffix, most recent first."""
@@ -129,7 +141,7 @@ class ModelTreeDrafter(TreeDrafter):
     At T = 0 (no distribution to keep) the children are re-ranked by path probability and cut.
     """
 
-    def __init__(self, model: Transformer, *, num_layers: int | None = None, branching: Sequence[int] = (4, 2, 1),
+    def __init__(self, model: Transformer, *, num_layers: int | None = None, branching: Sequence[int] = DEFAULT_BRANCHING,
                  width: int | None = None, name: str | None = None) -> None:
         branching = check_branching(branching, "branching")
         if width is not None:
@@ -142,6 +154,21 @@ class ModelTreeDrafter(TreeDrafter):
     def start(self, max_seq_len: int) -> None:
         self.cache = self.model.new_cache(1, max_seq_len, num_layers=self.num_layers)
         self.forwards = 0
+
+    def max_nodes(self, depth: int, max_context: int, vocab_size: int) -> int:
+        """static: sum over levels d <= min(depth, len(branching)) of prod_{i<=d} min(k_i, V);
+        dynamic: k = min(branching[0], V) at level 1, then min(width, the level before) * k per level."""
+        total, level = 0, 1
+        if self.width is None:
+            for k in self.branching[:depth]:
+                level *= min(k, vocab_size)
+                total += level
+            return total
+        k = min(self.branching[0], vocab_size)
+        for d in range(depth):
+            level = k if d == 0 else min(self.width, level) * k
+            total += level
+        return total
 
     def _hidden(self, ids: list[int], **tree) -> torch.Tensor:
         self.forwards += 1
@@ -166,7 +193,9 @@ class ModelTreeDrafter(TreeDrafter):
                 frontier = sorted(frontier, key=lambda f: -f[2])
             for node, logits, score in frontier:
                 confidence = torch.softmax(logits, dim=-1)  # [V], for the ranking
-                count = min(k, vocab_size) if params.greedy else min(k, vocab_size, room - len(candidates))
+                # no more than `room` children of one node can survive the cut to the budget (at T = 0 they
+                # are its top ones): the work is bounded by the budget, whatever k is
+                count = min(k, vocab_size, room) if params.greedy else min(k, vocab_size, room - len(candidates))
                 if count <= 0:
                     break
                 for token, q_row, logits_row in children(logits, count, params, generator):
@@ -247,31 +276,57 @@ class TreeSpec:
 
     budget     the most nodes per tree: one verify pass of budget + 1 rows (a chain of gamma
                drafts costs gamma + 1: trees and chains compare at equal budget + 1)
-    branching  model drafts: children per node at depth 1, 2, ... (static, Medusa-like), or per
-               expanded node at every depth (dynamic: width set)
+    branching  model drafts: children per node at depth 1, 2, ... (static, Medusa-like; at most
+               one count per depth of the tree), or one count: children per expanded node at
+               every depth (dynamic: width set). None: DEFAULT_BRANCHING cut to the tree's depth
+               (dynamic: its first count)
     width      None: static; W: expand only the W most probable paths per level (EAGLE-2)
     The deepest path is the run's gamma (the most drafted tokens one step can accept). An n-gram
     tree merges every earlier match of the context's suffix; branching and width are the model
-    drafts' only.
+    drafts' only (given with an n-gram draft, or with a tree drafter object that has its own
+    shape, they are an error, not ignored).
     """
 
     budget: int = 8
-    branching: tuple[int, ...] = (4, 2, 1)
+    branching: tuple[int, ...] | None = None
     width: int | None = None
 
     def __post_init__(self) -> None:
         positive_int(self.budget, "tree budget", "nodes per verify pass")
-        object.__setattr__(self, "branching", check_branching(self.branching, "tree branching"))
+        if self.branching is not None:
+            object.__setattr__(self, "branching", check_branching(self.branching, "tree branching"))
         if self.width is not None:
             positive_int(self.width, "tree width", "None: a static tree")
 
 
-def make_tree_drafter(spec, target: Transformer, tree: TreeSpec) -> TreeDrafter:
+def model_branching(tree: TreeSpec, depth: int | None) -> tuple[int, ...]:
+    """The branching a model-draft tree of `depth` (None: unknown) uses: tree.branching checked
+    against the depth (no count may go unused), or the default cut to it."""
+    if tree.branching is None:
+        chosen = DEFAULT_BRANCHING if tree.width is None else DEFAULT_BRANCHING[:1]
+        return chosen[:depth] if depth else chosen
+    if tree.width is not None and len(tree.branching) > 1:
+        raise MinispecError(f"tree branching {','.join(map(str, tree.branching))} (--branching) with tree width "
+                            f"{tree.width} (--tree-width): a dynamic tree gives every expanded node the same number of "
+                            "children, and counts after the first would be ignored; expected one count")
+    if depth is not None and len(tree.branching) > depth:
+        raise MinispecError(f"tree branching {','.join(map(str, tree.branching))} (--branching): {len(tree.branching)} "
+                            f"depths, but the tree is {depth} deep (gamma, --gamma), so the counts after the first "
+                            f"{depth} would be ignored; expected at most {depth} counts, or a larger gamma")
+    return tree.branching
+
+
+def make_tree_drafter(spec, target: Transformer, tree: TreeSpec, depth: int | None = None) -> TreeDrafter:
     """The tree form of a chain drafter spec (minispec.drafters.make_drafter's spec), or a TreeDrafter as is.
 
     "ngram[:N]" -> NgramTreeDrafter(max_ngram=N); "early-exit:N", "self:bf16|int8", a Transformer
-    or a checkpoint folder -> ModelTreeDrafter with tree.branching and tree.width.
+    or a checkpoint folder -> ModelTreeDrafter with tree.branching (model_branching: checked
+    against `depth`, the run's gamma) and tree.width. A shape given where it cannot apply (an
+    n-gram tree, a tree drafter object) is an error.
     """
+    if isinstance(spec, TreeDrafter) and (tree.branching is not None or tree.width is not None):
+        raise MinispecError(f"tree branching/width given with the tree drafter {spec.name}, which has its own shape; "
+                            "expected them on the drafter, or a drafter spec")
     if isinstance(spec, TreeDrafter):
         if spec.model is not None and spec.model.config.vocab_size != target.config.vocab_size:
             raise MinispecError(f"draft {spec.name}: vocab_size {spec.model.config.vocab_size} differs from the "
@@ -279,9 +334,14 @@ def make_tree_drafter(spec, target: Transformer, tree: TreeSpec) -> TreeDrafter:
         return spec
     chain = make_drafter(spec, target)  # the chain drafter's own checks and one-line errors
     if isinstance(chain, NgramDrafter):
+        if tree.branching is not None or tree.width is not None:
+            shape = "--branching" if tree.branching is not None else "--tree-width"
+            raise MinispecError(f"tree {'branching' if tree.branching is not None else 'width'} ({shape}) with an "
+                                "n-gram tree: it shapes model-draft trees, and an n-gram tree takes every earlier match "
+                                f"of the context instead; expected no {shape} with an n-gram draft")
         return NgramTreeDrafter(max_ngram=chain.max_ngram, min_ngram=min(chain.min_ngram, chain.max_ngram))
     if isinstance(chain, ModelDrafter):
-        return ModelTreeDrafter(chain.model, num_layers=chain.num_layers, branching=tree.branching, width=tree.width,
-                                name=f"{chain.name} tree")
+        return ModelTreeDrafter(chain.model, num_layers=chain.num_layers, branching=model_branching(tree, depth),
+                                width=tree.width, name=f"{chain.name} tree")
     raise MinispecError(f"draft {getattr(chain, 'name', chain)!r}: cannot branch; expected an n-gram or a model "
                         "draft with a tree")

@@ -46,6 +46,7 @@ from minispec.checks import check_gamma, is_int
 from minispec.errors import MinispecError
 from minispec.loop import (GenerationResult, StopCondition, TokenCallback, check_request, commit, first_token,
                            record_step, refuse)
+from minispec.memory import check_fits, kv_cache_bytes, verify_bytes
 from minispec.model import Transformer
 from minispec.sampling import SamplingParams
 from minispec.stats import PhaseTimer, StepStats, run_stats
@@ -107,9 +108,30 @@ def generate_tree(
     policy = acceptance.get(policy) if policy is not None else ExactMatch() if params.greedy else SpeculativeSampling()
     walk_for(policy)  # a policy without a tree form fails here, before any work
     policy.reset(seed)
-    drafter = make_tree_drafter(draft, target, tree)
+    drafter = make_tree_drafter(draft, target, tree, depth=max_depth)
+    check_budget(target, drafter, tree.budget, max_depth, len(prompt) + max_new_tokens)
+    policy.check_sizes(tree.budget + 1, target.config.vocab_size, target.config.hidden_size, target.device)
     return tree_decode(target, drafter, policy, tree.budget, max_depth, prompt, max_new_tokens, params, generator,
                        eos, on_tokens, stop_when)
+
+
+def check_budget(target: Transformer, drafter: TreeDrafter, budget: int, depth: int, max_context: int) -> None:
+    """The tree budget bounded before anything is allocated: by what the drafter's trees can hold
+    at this depth (nodes above it could never be drafted), then by memory (the target's cache of
+    max_context + budget positions, the drafter's, and one verify pass of budget + 1 rows)."""
+    most = drafter.max_nodes(depth, max_context, target.config.vocab_size)
+    if most is not None and budget > most:
+        raise MinispecError(f"tree budget {budget} (--tree): the {drafter.name} drafter's trees, {depth} deep (gamma) "
+                            f"after at most {max_context} tokens, hold at most {most} nodes, so the rest could never "
+                            "be drafted; "
+                            f"expected a budget of at most {most}, or a wider or deeper tree")
+    nbytes = kv_cache_bytes(target.config, 1, max_context + budget, target.dtype) + verify_bytes(
+        target.config, budget + 1, max_context, target.dtype)
+    if drafter.model is not None:
+        nbytes += kv_cache_bytes(drafter.model.config, 1, max_context + budget, drafter.model.dtype,
+                                 getattr(drafter, "num_layers", None))
+    check_fits(nbytes, f"tree budget {budget} (--tree): its caches and one verify pass of {budget + 1} rows",
+               target.device, "a smaller budget, or fewer max_new_tokens")
 
 
 def tree_decode(target: Transformer, drafter: TreeDrafter, policy: AcceptancePolicy,

@@ -23,6 +23,7 @@ import importlib
 import io
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -139,6 +140,48 @@ def fifo(name: str) -> Setup:
     return Setup(f"{name}: a named pipe (the prompt arrives when the test writes it)", lambda folder: os.mkfifo(folder / name))
 
 
+def nan_in(name: str) -> Setup:
+    def apply(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(folder / "model.safetensors")
+        state[name] = state[name].clone()
+        state[name].view(-1)[0] = float("nan")
+        save_file(state, folder / "model.safetensors")
+
+    return Setup(f"tensor {name} holds one NaN", apply)
+
+
+def one_tensor_in_two_shards(name: str) -> Setup:
+    """model.safetensors split into two shards with an index; `name` in both (the index names the first)."""
+    def apply(folder: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(folder / "model.safetensors")
+        names = sorted(state)
+        first, second = names[: len(names) // 2], names[len(names) // 2:]
+        save_file({k: state[k] for k in first + [name]}, folder / "model-00001-of-00002.safetensors")
+        save_file({k: state[k] for k in second if k != name} | {name: state[name] + 1},
+                  folder / "model-00002-of-00002.safetensors")
+        (folder / "model.safetensors").unlink()
+        weight_map = {k: "model-00001-of-00002.safetensors" for k in first + [name]}
+        weight_map |= {k: "model-00002-of-00002.safetensors" for k in second if k != name}
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+    return Setup(f"two shards with an index; tensor {name} in both", apply)
+
+
+def more_tokens_than_rows(count: int) -> Setup:
+    def apply(folder: Path) -> None:
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        backend.add_special_tokens([f"<|extra{i}|>" for i in range(count)])
+        backend.save(str(folder / "tokenizer.json"))
+
+    return Setup(f"tokenizer.json: {count} added tokens more than config.json's vocab_size", apply)
+
+
 def both(*setups: Setup) -> Setup:
     return Setup("; ".join(s.description for s in setups), lambda folder: [s.apply(folder) for s in setups])
 
@@ -230,6 +273,18 @@ def check_interrupted_batch_json(outcome: Outcome, folder: Path) -> None:
     row = result["results"][0]
     assert row["finish_reason"] == "interrupted" and row["tokens"] and row["stats"] is None
     assert row["text"] == load_tokenizer(folder).decode(row["tokens"], skip_special_tokens=True)
+
+
+def check_two_prompts_one_with_separators(outcome: Outcome, folder: Path) -> None:
+    results = json_out(outcome)["results"]
+    assert len(results) == 2  # U+2028, U+0085 and a form feed stay inside the first prompt
+
+
+def check_bom_dropped(outcome: Outcome, folder: Path) -> None:
+    from minispec import load_tokenizer
+
+    tok = load_tokenizer(folder)
+    assert json_out(outcome)["prompt_tokens"] == len(tok.apply_chat_template([{"role": "user", "content": "hi"}]))
 
 
 ROWS: list[Row] = [
@@ -439,6 +494,60 @@ ROWS: list[Row] = [
         ("minispec.generate: interrupted",), setup=both(long_run(), fifo("prompt")), run="interrupt-generating",
         check=check_interrupted_batch_json,
         note='Ctrl-C while a batch generates: stdout has the JSON object so far, "finish_reason": "interrupted"'),
+    # ---- sizes bounded by what the tree can use and what the machine can hold
+    cli("tree-budget-beyond-the-tree", f"{G} --draft ngram --tree 100000000", 2, "--tree", "at most",
+        note="the n-gram tree of this context and depth holds far fewer nodes"),
+    cli("tree-budget-int64", f"{G} --draft ngram --tree 9223372036854775807", 2, "--tree", "at most"),
+    cli("tree-budget-beyond-the-branching", f"{G} --draft early-exit:1 --tree 64", 2, "--tree", "at most 20"),
+    cli("tree-branching-beyond-the-vocabulary", f"{G} --draft early-exit:1 --tree 8 --branching 100000 --json", 0,
+        check=check_finished, note="runs: a node never gets more children than the budget can keep"),
+    cli("dropmatch-paths-beyond-memory", f"{G} --draft ngram --policy dropmatch --paths 1000000000", 2, "--paths",
+        "GiB", "available"),
+    api("kv-cache-beyond-memory", "model.new_cache(2**40, 512)", MinispecError, "KV cache", "GiB", "--batch-size"),
+    # ---- settings that cannot apply are errors, not ignored
+    cli("tree-branching-deeper-than-gamma", f"{G} --draft early-exit:1 --tree 8 --gamma 2 --branching 2,2,2", 2,
+        "--branching", "--gamma"),
+    cli("tree-width-with-a-branching-list", f"{G} --draft early-exit:1 --tree 8 --tree-width 2 --branching 2,2", 2,
+        "--branching", "--tree-width", "one count"),
+    cli("ngram-tree-branching", f"{G} --draft ngram --tree 8 --branching 2", 2, "--branching", "n-gram"),
+    cli("ngram-tree-width", f"{G} --draft ngram --tree 8 --tree-width 2", 2, "--tree-width", "n-gram"),
+    api("tree-shape-with-a-drafter-object",
+        "minispec.tree_speculative.generate_tree(model, [1, 2], max_new_tokens=2, draft=minispec.tree_drafters."
+        "NgramTreeDrafter(), tree=TreeSpec(8, branching=(2,)))", MinispecError, "own shape"),
+    api("top-k-at-temperature-0", "generate(model, [1, 2], max_new_tokens=2, top_k=5)", MinispecError, "top_k",
+        "temperature 0"),
+    api("top-p-at-temperature-0", "SamplingParams(0.0, top_p=0.9)", MinispecError, "top_p", "temperature 0"),
+    cli("eos-token-not-in-the-vocabulary", f"{G} --prompt hi", 2, "tokenizer_config.json", "eos_token", "<|nope|>",
+        setup=edit_json("tokenizer_config.json", eos_token="<|nope|>")),
+    cli("tokenizer-larger-than-the-model", f"{G} --prompt hi", 2, "tokenizer.json", "vocab_size",
+        setup=more_tokens_than_rows(3)),
+    cli("tensor-in-two-shards", f"{G} --prompt hi", 2, "model.norm.weight", "also in",
+        setup=one_tensor_in_two_shards("model.norm.weight")),
+    cli("weights-with-nan", f"{G} --prompt hi", 2, "model.layers.0.mlp.up_proj.weight", "NaN",
+        setup=nan_in("model.layers.0.mlp.up_proj.weight")),
+    # ---- input read as the docs say
+    cli("prompt-file-line-separators", f"{B} 2 --json", 0, check=check_two_prompts_one_with_separators,
+        setup=write("prompts.txt", "a\u2028b\u0085c\x0cd\ne\n", "prompts.txt: 'a<U+2028>b<U+0085>c<FF>d', 'e'"),
+        note="one prompt per line: only a newline ends one"),
+    cli("prompt-file-bom", f"{G} --prompt-file CKPT/prompts.txt --json", 0, check=check_bom_dropped,
+        setup=write("prompts.txt", "\ufeffhi", "prompts.txt: a UTF-8 byte-order mark, then 'hi'"),
+        note="the byte-order mark is no part of the prompt"),
+    cli("prompt-file-bad-byte-line", f"{G} --prompt-file CKPT/prompts.txt", 2, "line 2", "column 4", "0xe9",
+        setup=write("prompts.txt", b"ok\ncaf\xe9\n", "prompts.txt: 'ok', then Latin-1 'café'")),
+    cli("prompt-file-a-folder", f"{G} --prompt-file CKPT", 2, "--prompt-file", "a folder"),
+    cli("stop-special-token", f"{G} --prompt hi --stop <|im_end|>", 2, "--stop", "special token"),
+    # ---- API mistakes as one line
+    api("load-model-int8", "load_model(CKPT, dtype=torch.int8)", CheckpointError, "dtype", "torch.float32"),
+    api("load-model-dtype-string", "load_model(CKPT, dtype='float32')", CheckpointError, "torch.float32",
+        "not the string"),
+    api("load-model-absent-device", "load_model(CKPT, device='cuda:99')", CheckpointError, "cuda:99",
+        "cannot use it"),
+    api("check-policy-with-a-name", "minispec.testing.check_policy('exact')", MinispecError, "check_policy",
+        "callable"),
+    # ---- lines that name the field at fault
+    cli("head-dim-mismatch", f"{G} --prompt hi", 2, "_proj", "head_dim", setup=edit_json("config.json", head_dim=16)),
+    cli("untied-without-lm-head", f"{G} --prompt hi", 2, "lm_head.weight", "tie_word_embeddings",
+        setup=edit_json("config.json", tie_word_embeddings=False)),
     Row("stdout-closed", tuple(LONG), 141, (), setup=long_run(), run="pipe",
         note="the reader closes the pipe after 10 bytes (`| head -c 10`): quiet exit 141, as `yes | head`"),
 ]
@@ -491,7 +600,8 @@ def run_row(row: Row, tiny: Path, folder: Path) -> Outcome:
         argv = [arg.replace("CKPT", str(folder)).replace("TINY", str(tiny)) for arg in row.command]
         outcome = _run_in_process(row, argv) if row.run == "main" else _run_process(row, argv, folder)
         seen = outcome.err.rstrip("\n")
-    outcome.seen = seen.replace(str(folder), "CKPT").replace(str(tiny), "TINY")
+    seen = seen.replace(str(folder), "CKPT").replace(str(tiny), "TINY")
+    outcome.seen = re.sub(r"[\d.]+ GiB is available", "M GiB is available", seen)  # this machine's free memory
     return outcome
 
 
@@ -593,7 +703,8 @@ runs every row and checks it (`--check` says whether this file is current). CKPT
 random checkpoint (byte-level tokenizer, ChatML template), changed as its column says; TINY is an
 intact one. A user mistake ends in one line on stderr and exit status 2, never a traceback; the
 Python API raises the MinispecError subclass shown, with the same message. Ctrl-C ends in one line
-and exit status 130; a closed stdout ends quietly with 141.
+and exit status 130; a closed stdout ends quietly with 141. "M GiB is available" stands for the
+machine's free memory when the row ran (a size is checked against it before it is allocated).
 
 Choices made here: `--seed` and `seed=` take 0 <= seed < 2**64 (what torch takes; a negative seed is
 refused rather than wrapped); `temperature` is 0 (greedy) or a finite number >= 0.001 (below it

@@ -85,6 +85,12 @@ class AcceptancePolicy(ABC):
         inp.generator, is the loop's and is seeded by the loop.
         """
 
+    def check_sizes(self, rows: int, vocab_size: int, hidden_size: int, device: torch.device) -> None:
+        """Called by the loops before the first step, with the rows of one verify: a policy whose
+        work grows with its own options (DropMatch's K paths) checks here that it fits the
+        machine (minispec.memory.check_fits), so a size the user gives fails at once, in one line
+        naming the option. The default has nothing to check."""
+
     def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Rows [n, d] to push through the LM head together with the verify's own rows, or None.
 

@@ -62,6 +62,7 @@ from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputErr
 from minispec.acceptance.sampling import correction_or_bonus, sample_acceptances
 from minispec.checks import is_int, positive_int
 from minispec.errors import MinispecError
+from minispec.memory import check_fits
 from minispec.sampling import greedy_token, sample_token
 
 CRITERIA = ("js_or_majority", "js", "majority", "naive")
@@ -143,6 +144,13 @@ class DropMatch(AcceptancePolicy):
         self.or_base, self.seed, self.js_temperature = or_base, seed, js_temperature
         self._generator = torch.Generator()  # the masks' only source of randomness
         self.reset()
+
+    def check_sizes(self, rows: int, vocab_size: int, hidden_size: int, device: torch.device) -> None:
+        """K paths x rows: the uniforms and dropped hidden rows [K, rows, d] and their logits and
+        softmax [K, rows, V], float32, must fit in memory."""
+        check_fits(4 * self.paths * rows * (2 * hidden_size + 2 * vocab_size),
+                   f"dropmatch paths {self.paths} (--paths): {self.paths} x {rows} rows of logits per verify", device,
+                   "fewer paths (the paper: 5)")
 
     def reset(self, seed: int | None = None) -> None:
         """Reseed the masks: with the policy's own seed if it has one, else the run's (0 if None)."""

@@ -140,7 +140,8 @@ def build_parser() -> Parser:
                       help="feed the prompt as plain text, without the chat template")
     p.add_argument("--system", default=None,
                    help="system message for chat mode (default: the template's own; '' gives an empty one)")
-    p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=128)
+    p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=1), default=128,
+                   help="the most tokens to generate (prompt + these must fit the model's max_position_embeddings)")
     p.add_argument("--stop", action="append", default=[], metavar="STRING",
                    help="end the generation when the text contains STRING (repeatable); the text ends before it")
     p.add_argument("--temperature", type=temperature, default=0.0,
@@ -150,7 +151,8 @@ def build_parser() -> Parser:
                    help="sample from the smallest set of tokens with probability >= p (nucleus)")
     p.add_argument("--seed", type=ranged(int, "--seed", lo=0, hi=2**64, hi_open=True), default=0,
                    help="seeds every random choice (an unsigned 64-bit integer, as torch takes it)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="the weights' and activations' dtype (bf16 = bfloat16, fp32 = float32, fp64 = float64)")
     p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
     p.add_argument("--kernels", choices=["auto", "fast", "compiled", "reference"], default="auto",
                    help="auto: fast for each model where it applies (float32, or bfloat16 on a CPU whose oneDNN "
@@ -224,9 +226,9 @@ def build_parser() -> Parser:
     b = p.add_argument_group("several prompts")
     b.add_argument("--batch-size", type=ranged(int, "--batch-size", lo=1), default=None, metavar="N",
                    help="run the prompts of --prompt-file, one per line (blank lines skipped), N at a time in one "
-                        "batch (minispec.batch); prompt i (from 0) uses seed --seed + i, so its text is what it gives "
-                        "alone with that seed; each text is printed under a '=== prompt i/n (finish reason) ===' "
-                        "line (default: the file is one prompt)")
+                        "batch (minispec.batch); prompt i (counted from 1, as the headers count) uses seed --seed + i - 1, "
+                        "so its text is what it gives alone with that seed; each text is printed under a "
+                        "'=== prompt i/n (finish reason) ===' line (default: the file is one prompt)")
     o = p.add_argument_group("output")
     o.add_argument("--stats", action="store_true", help="print tau, acceptance and the time split after the text")
     o.add_argument("--vs-plain", action="store_true",

@@ -8,6 +8,8 @@ import json
 import os
 import sys
 
+from minispec.errors import MinispecError
+
 
 def use_colour(when: str) -> bool:
     """--color: always, never, or auto = stdout is a terminal and NO_COLOR is not set (no-color.org)."""
@@ -39,6 +41,13 @@ class StopStrings:
     """
 
     def __init__(self, tokenizer, strings: tuple[str, ...]) -> None:
+        for token_id in tokenizer.added_token_ids:  # special tokens are skipped in the text: never matched
+            content = tokenizer.backend.id_to_token(token_id)
+            hit = next((s for s in strings if content and content in s), None)
+            if hit is not None and tokenizer.decode([token_id], skip_special_tokens=True) == "":
+                raise MinispecError(f"--stop {hit!r}: holds the special token {content!r}, which the output text "
+                                    "never contains (special tokens are skipped when it is decoded), so it could "
+                                    "never stop the run; expected ordinary text (a run ends at eos by itself)")
         self.tokenizer, self.strings = tokenizer, strings
         self.window = 4 * max((len(s) for s in strings), default=0) + 1  # tokens decoded per check
 

@@ -77,7 +77,11 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         from minispec.acceptance.dropmatch_calibrate import CALIBRATION_TOKENS, auto_dropout_p
         from minispec.speculative import generate as generate_chain
 
-        continuation = generate_chain(model, prompt_ids, max_new_tokens=CALIBRATION_TOKENS,
+        from minispec.loop import check_prompt
+
+        check_prompt(model, prompt_ids, args.max_new_tokens)  # the user's request first: its error names their flag
+        room = model.config.max_position_embeddings - len(prompt_ids)  # >= --max-new-tokens >= 1
+        continuation = generate_chain(model, prompt_ids, max_new_tokens=min(CALIBRATION_TOKENS, room),
                                       eos_token_ids=tokenizer.eos_token_ids).tokens  # the target's own, plainly
         p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, continuation=continuation)
     _apply_kernels(args, model, drafter, ckpt)
@@ -93,7 +97,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         else:  # the chain drafter's tree form (built by the tree chapter, on the model the kernels rewrote)
             from minispec.tree_drafters import TreeSpec
 
-            options.update(tree=TreeSpec(budget=args.tree, branching=args.branching or TreeSpec.branching,
+            options.update(tree=TreeSpec(budget=args.tree, branching=args.branching,
                                          width=args.tree_width))
     if args.trace:
         from minispec.trace import Tracer
@@ -141,6 +145,7 @@ def load(args: GenerateArgs):
 
     model = load_model(ckpt, dtype=getattr(torch, DTYPES[args.dtype]), device=device)
     tokenizer = load_tokenizer(ckpt)
+    check_tokenizer_fits(tokenizer, model, ckpt)
     drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
     return model, tokenizer, drafter, ckpt
 
@@ -251,12 +256,44 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
 
 def _prompt_lines(args: GenerateArgs) -> list[tuple[int, str]]:
     """--prompt-file with --batch-size: (line number from 1, text) of every line that is not blank."""
-    lines = [(number, line) for number, line in enumerate(_read_prompt_file(args).splitlines(), start=1)
+    lines = [(number, line) for number, line in enumerate(split_lines(_read_prompt_file(args)), start=1)
              if line.strip()]
     if not lines:
         raise MinispecError(f"--prompt-file {args.prompt_file}: no prompts (every line is blank); expected one "
                             "prompt per line with --batch-size")
     return lines
+
+
+def check_tokenizer_fits(tokenizer, model, ckpt) -> None:
+    """Every id the tokenizer can give must be a row of the model's embedding (a model may have more rows:
+    vocabularies are padded, e.g. Qwen2's 151936 rows for 151665 tokens)."""
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise MinispecError(f"--ckpt {ckpt}: tokenizer.json has {tokenizer.vocab_size} tokens but config.json's "
+                            f"vocab_size is {model.config.vocab_size}, so some token ids have no embedding row; "
+                            "expected the tokenizer the model was trained with")
+
+
+def split_lines(text: str) -> list[str]:
+    """A prompt file's lines: split at "\n" (a "\r\n" ending counts as one), and at nothing else.
+    (str.splitlines would also split at U+2028, U+0085, form feeds and lone "\r": characters a
+    prompt may hold.)"""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last line
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def decode_utf8(data: bytes, what: str) -> str:
+    """UTF-8 bytes as text, a leading byte-order mark dropped (editors write one; it is no part of the
+    prompt); a bad byte is a one-line error naming its line and column."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise MinispecError(f"{what}: line {line}, column {column} (byte {err.start}): byte "
+                            f"0x{data[err.start]:02x} is not UTF-8 ({err.reason}); expected UTF-8 text") from None
+    return text.removeprefix("\ufeff")
 
 
 def _device(name: str) -> torch.device:
@@ -310,13 +347,16 @@ def _read_prompt_file(args: GenerateArgs) -> str:
         return _read_stdin()
     from minispec.cli import read_all
 
+    if Path(args.prompt_file).is_dir():
+        raise MinispecError(f"--prompt-file {args.prompt_file}: a folder; expected a UTF-8 text file")
     try:
         with open(args.prompt_file, "rb") as f:
-            return read_all(f).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+            data = read_all(f)
+    except OSError as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise MinispecError(f"--prompt-file {args.prompt_file}: cannot be read ({reason}); "
                             "expected a UTF-8 text file") from None
+    return decode_utf8(data, f"--prompt-file {args.prompt_file}")
 
 
 def _encode(args: GenerateArgs, tokenizer, prompt: str) -> list[int]:
@@ -341,10 +381,7 @@ def _read_stdin() -> str:
         return check_text(sys.stdin.read(), "--prompt-file - (stdin)")
     from minispec.cli import read_all
 
-    try:
-        return read_all(stream).decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise MinispecError(f"--prompt-file - (stdin): cannot be read ({err}); expected UTF-8 text") from None
+    return decode_utf8(read_all(stream), "--prompt-file - (stdin)")
 
 
 def _policy(args: GenerateArgs, p: float | str):

@@ -41,6 +41,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
+from minispec.errors import MinispecError
 from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
 from minispec.kv_cache import KVCache
 from minispec.sampling import SamplingParams, logits_to_probs
@@ -150,7 +151,14 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
       sampling-based losslessness checks (they take a few seconds each). progress: one line per
       check on stderr.
     """
+    if not callable(policy_factory) or isinstance(policy_factory, AcceptancePolicy):
+        raise MinispecError(f"check_policy({policy_factory!r}): expected a callable that returns a new policy, e.g. "
+                        "check_policy(MyPolicy) or check_policy(lambda: acceptance.get('exact')), not a name or an "
+                        "instance (each check needs fresh policies)")
     policy = policy_factory()
+    if not isinstance(policy, AcceptancePolicy):
+        raise MinispecError(f"check_policy: policy_factory() returned {type(policy).__name__}; expected an "
+                        "AcceptancePolicy (a subclass of minispec.acceptance.AcceptancePolicy)")
     quick = check_settings()
     name = type(policy).__name__
     claims_lossless = policy.lossless if lossless is None else lossless
