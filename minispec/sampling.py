@@ -71,7 +71,10 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
     temperature 0:  one_hot(argmax(logits))
     otherwise:      softmax(filter(logits / T)), where top-k then top-p set the logits of
-                    excluded tokens to -inf. The most likely token is never excluded.
+                    excluded tokens to -inf: top-k keeps every token tied with the k-th largest;
+                    top-p keeps x while the tokens strictly more probable than x hold less than
+                    top_p (the token that crosses it stays, with any token tied with it). The most
+                    likely token is never excluded.
     Low-precision logits are upcast to float32 first; float64 stays float64.
     """
     if logits.dtype in (torch.float16, torch.bfloat16):
@@ -87,8 +90,13 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     if params.top_p is not None and params.top_p < 1:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of strictly better tokens
-        drop_sorted = mass_before >= params.top_p  # the set before it already reaches top_p
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., V] mass of the tokens sorted before
+        # a tie group shares the mass before its first member: the mass of strictly MORE probable tokens,
+        # so tied tokens are kept or dropped together, whatever order the sort gave them
+        descending = -sorted_logits.contiguous()  # ascending, for searchsorted
+        first_of_tie = torch.searchsorted(descending, descending)  # [..., V] index of the tie group's first
+        mass_greater = mass_before.gather(-1, first_of_tie)
+        drop_sorted = mass_greater >= params.top_p  # the strictly better tokens already reach top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minispec.acceptance import (DropMatch, ExactMatch, LazyDropMatch, PolicyInputError, SpeculativeSampling,
@@ -318,8 +318,12 @@ def test_same_seed_same_decisions_at_temperature_one(cls):
 # ============================================================================== properties (float64)
 
 
+RUN_PARAMS = [GREEDY, SamplingParams(0.5), SamplingParams(1.0), SamplingParams(2.0, top_k=2)]
+CRITERIA = ["js_or_majority", "js", "majority", "naive"]
+
+
 @st.composite
-def dropmatch_runs(draw):
+def dropmatch_runs(draw, criterion=None, or_base=None, params=None):
     """DropMatch options, a prefetch and a hook mode (for the lazy class), and 1-3 consecutive verify
     steps through one random linear head. Integer hidden states and weights half the time (exact
     logit ties, so the lowest-id rule matters). Drafts are consistent with their q: an n-gram draft
@@ -330,7 +334,7 @@ def dropmatch_runs(draw):
     integer = draw(st.booleans())
     weight = (torch.randint(-2, 3, (vocab, hidden_size), generator=gen).to(F64) if integer
               else 2 * torch.randn(vocab, hidden_size, generator=gen, dtype=F64))
-    params = draw(st.sampled_from([GREEDY, SamplingParams(0.5), SamplingParams(1.0), SamplingParams(2.0, top_k=2)]))
+    params = params or draw(st.sampled_from(RUN_PARAMS))
     noise = draw(st.sampled_from([None, 0.0, 0.5, 3.0]))  # None: an n-gram drafter
     steps = []
     for seed in range(draw(st.integers(1, 3))):
@@ -351,8 +355,9 @@ def dropmatch_runs(draw):
                 draft_tokens = torch.multinomial(logits_to_probs(draft_logits, params), 1, generator=gen)[:, 0]
         steps.append(Step(hidden, draft_tokens, draft_logits, seed))
     options = dict(p=draw(st.sampled_from([0.0, 0.1, 0.3, 0.5, 0.6])), paths=draw(st.integers(1, 5)),
-                   criterion=draw(st.sampled_from(["js_or_majority", "js", "majority", "naive"])),
-                   majority=draw(st.sampled_from(["strict", "plurality"])), or_base=draw(st.booleans()),
+                   criterion=criterion or draw(st.sampled_from(CRITERIA)),
+                   majority=draw(st.sampled_from(["strict", "plurality"])),
+                   or_base=draw(st.booleans()) if or_base is None else or_base,
                    seed=draw(st.integers(0, 100)), js_temperature=draw(st.sampled_from([1.0, 0.5])))
     prefetch, hook = draw(st.integers(0, 2)), draw(st.sampled_from(["loop", "none", "clone", "twice"]))
     return options, steps, weight, params, prefetch, hook
@@ -360,6 +365,10 @@ def dropmatch_runs(draw):
 
 @given(run=dropmatch_runs())
 def test_lazy_dropmatch_decides_exactly_as_dropmatch(run):
+    assert_lazy_decides_as_eager(run)
+
+
+def assert_lazy_decides_as_eager(run):
     options, steps, weight, params, prefetch, hook = run
     plain, lazy = DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)
     head = linear_head(weight)
@@ -369,6 +378,21 @@ def test_lazy_dropmatch_decides_exactly_as_dropmatch(run):
         got = lazy(loop_input(lazy, step, head, params, hook))
         assert head.new_rows == 0, "LazyDropMatch scored a row DropMatch did not: not the same masks"
         assert outcome(got) == outcome(want)
+
+
+@pytest.mark.parametrize("criterion", CRITERIA)
+@pytest.mark.parametrize("or_base", [True, False])
+@pytest.mark.parametrize("params", RUN_PARAMS, ids=["T0", "T0.5", "T1", "T2-top2"])
+def test_lazy_dropmatch_decides_exactly_as_dropmatch_in_every_cell(criterion, or_base, params):
+    """The property above in every criterion x or_base x temperature cell, each drawn on its own (a
+    cell the sampled test rarely reaches, such as the JS test alone at a temperature other than its
+    own, is tested every run)."""
+    @settings(max_examples=8)
+    @given(run=dropmatch_runs(criterion=criterion, or_base=or_base, params=params))
+    def cell(run):
+        assert_lazy_decides_as_eager(run)
+
+    cell()
 
 
 @given(run=dropmatch_runs())

@@ -144,6 +144,24 @@ def test_eos_inside_an_accepted_run_ends_output_and_stats_exactly_there(setup, g
         assert s["acceptance_rate"] == (1.0 if s["num_drafted"] else 0.0)
 
 
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5])
+def test_every_eos_position_of_a_run_ends_output_and_stats_exactly_there(gamma):
+    """The property above at EVERY position of one run, not a sampled one: the eos is each token of
+    the plain greedy output in turn (12 positions), so it lands on every offset of an accepted run,
+    on its last draft, on the bonus token and on the last token allowed."""
+    cfg = tiny_config(vocab_size=64)
+    target = random_model(cfg, 3, scale=3.0)
+    prompt, n_new = [1, 2, 3, 1, 2], 12
+    plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[]).tokens
+    for at in range(n_new):
+        eos = plain[at]
+        expected = plain[: plain.index(eos) + 1]
+        out = generate(target, prompt, max_new_tokens=n_new, draft=target, gamma=gamma, eos_token_ids=[eos])
+        assert out.tokens == expected, at
+        want = perfect_draft_run(len(expected), gamma, n_new)
+        assert {k: out.stats[k] for k in want} == pytest.approx(want, abs=1e-12), at
+
+
 @given(setup=loop_setups(), gamma=st.integers(1, 8), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 12),
        policy=st.sampled_from(["exact", "sampling", "dropmatch"]))
 def test_no_step_drafts_past_max_new_tokens(setup, gamma, kind, n_new, policy):

@@ -1,5 +1,7 @@
 """minispec.stats: tau counts the correction/bonus token, and policies' counts are summed."""
 
+import pytest
+
 from minispec.stats import StepStats
 
 
@@ -62,3 +64,22 @@ def test_tau_drafted_equals_tau_when_every_step_drafts():
         stats.record(drafted, accepted, {})
     s = stats.summary()
     assert s["tau_drafted"] == s["tau"] == (2 + 4 + 1) / 3
+
+
+@pytest.mark.parametrize("num_drafted", range(0, 5))
+def test_record_step_counts_what_was_committed_in_every_cell(num_drafted):
+    """Every (accepted a, committed c) of a step of g drafts, enumerated rather than sampled: c <= a
+    (an eos or a stop inside the accepted run, or exactly on its last draft) counts a step of c drafts,
+    all accepted, c emitted; c = a + 1 (the run reached the correction or bonus token) counts g
+    drafted, a accepted, a + 1 emitted."""
+    from minispec.loop import record_step
+    from minispec.stats import StepStats
+
+    for num_accepted in range(num_drafted + 1):
+        for num_committed in range(1, num_accepted + 2):
+            steps = StepStats(max(num_drafted, 1))
+            record_step(steps, num_drafted, num_accepted, num_committed, {})
+            cut = num_committed <= num_accepted
+            want = (num_committed, num_committed, num_committed) if cut else (num_drafted, num_accepted, num_accepted + 1)
+            got = (steps.num_drafted, steps.num_accepted, steps.num_emitted)
+            assert got == want, f"g={num_drafted} a={num_accepted} c={num_committed}: {got} != {want}"

@@ -211,6 +211,20 @@ def test_matches_transformers_tokenizer_on_the_same_folder(tok, real_ckpt):
     for text in SAMPLES:
         assert tok.encode(text) == hf.encode(text, add_special_tokens=False), text
     assert tok.apply_chat_template(QUESTION) == list(hf.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True, return_dict=False))
+    for with_prompt in (True, False):  # both settings of the generation prompt, as transformers renders them
+        assert tok.apply_chat_template(QUESTION, add_generation_prompt=with_prompt) == list(hf.apply_chat_template(
+            QUESTION, add_generation_prompt=with_prompt, tokenize=True, return_dict=False)), with_prompt
+
+
+def test_the_generation_prompt_is_the_assistant_header_and_nothing_else(tok):
+    """apply_chat_template(add_generation_prompt=False) is the conversation alone; True adds exactly
+    the assistant's header after it (the ids of render_chat's text in both cases)."""
+    for messages in (QUESTION, [{"role": "system", "content": "Be brief."}, *QUESTION]):
+        without = tok.apply_chat_template(messages, add_generation_prompt=False)
+        with_prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
+        assert without == tok.encode(tok.render_chat(messages, add_generation_prompt=False))
+        assert with_prompt == tok.encode(tok.render_chat(messages, add_generation_prompt=True))
+        assert with_prompt[:len(without)] == without and tok.decode(with_prompt[len(without):]) == "<|im_start|>assistant\n"
 
 
 # ---------------------------------------------------------------- draft/target vocabulary check
