@@ -93,7 +93,10 @@ def check_prompt(target: Transformer, prompt_ids, max_new_tokens: int) -> list[i
                 or prompt_ids.dtype == torch.bool:
             raise MinispecError(f"prompt_ids: a {prompt_ids.dim()}-D {prompt_ids.dtype} tensor; expected a 1-D integer "
                                 f"tensor or a list of token ids (several prompts: a list of lists or a 2-D tensor)")
-        prompt_ids = prompt_ids.tolist()
+        if prompt_ids.device.type == "meta":
+            raise MinispecError("prompt_ids: a tensor on the meta device holds no values; expected token ids on a "
+                                "device with data (any device: the ids are read into a list)")
+        prompt_ids = prompt_ids.tolist()  # from any device
     if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
         raise MinispecError(f"prompt_ids: {type(prompt_ids).__name__}; expected a list of token ids "
                             f"(encode text with the tokenizer first: tokenizer.encode(text))")

@@ -542,6 +542,8 @@ ROWS: list[Row] = [
         "not the string"),
     api("load-model-absent-device", "load_model(CKPT, device='cuda:99')", CheckpointError, "cuda:99",
         "cannot use it"),
+    api("prompt-on-the-meta-device", "generate(model, torch.tensor([1, 2], device='meta'), max_new_tokens=2)",
+        MinispecError, "prompt_ids", "meta"),
     api("check-policy-with-a-name", "minispec.testing.check_policy('exact')", MinispecError, "check_policy",
         "callable"),
     # ---- lines that name the field at fault

@@ -410,3 +410,34 @@ def test_a_read_waiting_for_a_writer_is_interrupted_by_a_sigint_on_another_threa
     with pytest.raises(subprocess.TimeoutExpired):  # the property's power: the plain read never returns
         subprocess.run([sys.executable, "-c", READ_ALL_SCRIPT, str(fifo), "plain"], capture_output=True, timeout=3,
                        cwd=ROOT)
+
+
+
+def test_help_shows_every_default(monkeypatch):
+    """`-h` names the default of every flag that has one (a switch's False and an unset None are
+    said in words by its help), as the README promises: each flag's line, unwrapped, ends with it."""
+    import re
+
+    from minispec.generate.flags import build_parser
+
+    monkeypatch.setenv("COLUMNS", "10000")  # one line per flag
+    parser = build_parser()
+    checked, blocks = 0, []
+    options = parser.format_help()
+    if parser.epilog:  # the table of equivalent flags in other tools is not the options' help
+        options = options[:options.index(parser.epilog.strip().splitlines()[0])]
+    for line in options.splitlines():  # a flag's block: its line and the help under it
+        if re.match(r"\s+-", line) or not blocks:
+            blocks.append(line)
+        elif line.startswith("      "):
+            blocks[-1] += " " + line.strip()
+    for line in blocks:
+        flag = re.match(r"\s+(--[a-z0-9-]+)", line)
+        if flag is None or flag.group(1) == "--help":
+            continue
+        default = parser.get_default(flag.group(1)[2:].replace("-", "_"))
+        if default in (None, False, []):
+            continue
+        assert f"(default: {default})" in line, line
+        checked += 1
+    assert checked >= 10  # --max-new-tokens, --dtype, --temperature, --seed, --gamma, ...
