@@ -12,6 +12,7 @@ Chapter 1, the chain: the loop, and everything the other chapters build on
   drafters.py           the drafter interface and its kinds; draft_length.py: how many to draft
   model.py, kv_cache.py the Llama / Qwen2 / Qwen3 transformer, and the cache that rolls back
   config.py, checkpoint.py, tokenizer.py, sampling.py   a Hugging Face folder in, logits to p and q
+  memory.py             what the machine can hold: every size checked before it is allocated
 Chapter 2, trees (after chapter 1): one pass scores every branch
   tree.py               a draft tree: parents, depths, positions and the ancestors-only mask
   tree_drafters.py      n-gram and model trees (static, or EAGLE-2's dynamic); TreeSpec
