@@ -41,7 +41,7 @@ def test_tree_flags_give_plain_greedy_text_and_a_tree_stats_line(real_ckpt, caps
     common = ("--ckpt", str(real_ckpt), "--max-new-tokens", "12")
     plain = json.loads(run_cli(capsys, *common, "--json")[1])
     for flags in (("--draft", "ngram", "--tree", "6"),
-                  ("--draft", "early-exit:20", "--tree", "6", "--branching", "3,1", "--tree-width", "2")):
+                  ("--draft", "early-exit:20", "--tree", "6", "--branching", "3", "--tree-width", "2")):
         tree = json.loads(run_cli(capsys, *common, *flags, "--json")[1])
         assert tree["tokens"] == plain["tokens"], flags
         assert tree["stats"]["tree"] and tree["stats"]["budget"] == 6 and tree["stats"]["nodes_per_step"] <= 6
@@ -261,6 +261,8 @@ def test_stop_strings_end_the_text_before_them_streamed_or_not(real_ckpt, capsys
 
 class _PieceTokenizer:
     """Token i decodes to pieces[i]: enough of a tokenizer for the printer."""
+
+    added_token_ids = ()  # no special tokens: every stop string can match
 
     def __init__(self, pieces):
         self.pieces = pieces
