@@ -34,25 +34,29 @@ WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def check_placement(dtype, device) -> tuple[torch.dtype, torch.device]:
-    """load_model's dtype (a floating torch.dtype) and device (one torch can use here), with one-line errors."""
+    """load_model's dtype (a floating torch.dtype) and device (usable_device), with one-line errors."""
     if not isinstance(dtype, torch.dtype) or dtype not in WEIGHT_DTYPES:
         names = ", ".join(f"torch.{str(d).removeprefix('torch.')}" for d in WEIGHT_DTYPES)
         hint = f" (torch.{dtype}, not the string)" if isinstance(dtype, str) and hasattr(torch, dtype) else ""
         raise CheckpointError(f"dtype = {dtype!r}{hint}: the weights are stored in a float dtype; expected one of "
                               f"{names} (an int8 copy: minispec.kernels 'int8' or draft 'self:int8')")
+    return dtype, usable_device(device, "device")
+
+
+def usable_device(device, name: str) -> torch.device:
+    """`device` as a torch.device that can run a model here: a small computation on it must give a
+    value (torch says why not in its own words: unknown type, not compiled with it, no such index)."""
     try:
         device = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise CheckpointError(f"device = {device!r}: not a torch device; expected 'cpu', 'cuda', 'cuda:N' or 'mps'") \
-            from None
-    usable = {"cpu": True, "meta": False, "cuda": torch.cuda.is_available(),
-              "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
-    if not usable.get(device.type, False) or (device.type == "cuda" and device.index is not None
-                                              and device.index >= torch.cuda.device_count()):
-        raise CheckpointError(f"device = {str(device)!r}: torch cannot use it on this machine (this torch build: "
-                              f"{torch.__version__}, CUDA {'available' if torch.cuda.is_available() else 'unavailable'});"
-                              " expected 'cpu' or a device that is present")
-    return dtype, device
+        if device.type == "meta":  # tensors without data: everything "runs", nothing is computed
+            raise RuntimeError("meta tensors hold no data")
+        torch.ones(2, device=device).add(1).sum().item()
+    except Exception as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = reason if len(reason) <= 100 else reason[:97] + "..."
+        raise CheckpointError(f"{name} = {str(device)!r}: torch cannot use it on this machine ({reason}); expected "
+                              "cpu, or an available accelerator such as cuda, cuda:1, mps") from None
+    return device
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

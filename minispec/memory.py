@@ -4,8 +4,8 @@
                                        the CPU, torch.cuda.mem_get_info on a GPU; None if unknown
     check_fits(nbytes, what, device)   a one-line MinispecError when `what` needs more than that
     kv_cache_bytes(config, ...)        what Transformer.new_cache(batch, positions) allocates
-    verify_bytes(config, rows, ...)    one verify pass of `rows` rows: the cache it writes aside,
-                                       the activations and logits of those rows
+    verify_bytes(config, rows, ...)    one verify pass of `rows` new rows: their logits, attention
+                                       scores and mask, and MLP activations
 
 The estimates count the large tensors (the KV cache, [rows, V] logits, [rows, L] masks and
 scores) and not Python's own overhead: a run they pass can still run short of memory when the

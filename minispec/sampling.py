@@ -93,8 +93,8 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # [..., V] mass of the tokens sorted before
         # a tie group shares the mass before its first member: the mass of strictly MORE probable tokens,
         # so tied tokens are kept or dropped together, whatever order the sort gave them
-        descending = -sorted_logits.contiguous()  # ascending, for searchsorted
-        first_of_tie = torch.searchsorted(descending, descending)  # [..., V] index of the tie group's first
+        ascending = -sorted_logits.contiguous()  # [..., V] what searchsorted needs
+        first_of_tie = torch.searchsorted(ascending, ascending)  # [..., V] index of each tie group's first
         mass_greater = mass_before.gather(-1, first_of_tie)
         drop_sorted = mass_greater >= params.top_p  # the strictly better tokens already reach top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order

@@ -123,8 +123,7 @@ def check_budget(target: Transformer, drafter: TreeDrafter, budget: int, depth: 
     if most is not None and budget > most:
         raise MinispecError(f"tree budget {budget} (--tree): the {drafter.name} drafter's trees, {depth} deep (gamma) "
                             f"after at most {max_context} tokens, hold at most {most} nodes, so the rest could never "
-                            "be drafted; "
-                            f"expected a budget of at most {most}, or a wider or deeper tree")
+                            f"be drafted; expected a budget of at most {most}, or a wider or deeper tree")
     nbytes = kv_cache_bytes(target.config, 1, max_context + budget, target.dtype) + verify_bytes(
         target.config, budget + 1, max_context, target.dtype)
     if drafter.model is not None:

@@ -86,16 +86,6 @@ def rows_of(args) -> list[dict]:
     return rows
 
 
-@torch.inference_mode()
-def mean_nll(model, prompt: list[int], tokens: list[int]) -> float | None:
-    """Mean -log p_target(token | everything before it) over the generated tokens, one forward pass."""
-    if not tokens:
-        return None
-    ids = torch.tensor([prompt + tokens])  # [1, P + N]
-    logits = model(ids)[0, len(prompt) - 1: -1].double()  # [N, V]: the rows that predict the tokens
-    return float(-torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None]).mean())
-
-
 def decode(model, drafter, tree_drafter, row: dict, prompt, args, seed: int, eos: list[int]):
     from minispec import acceptance
     from minispec.speculative import generate
@@ -147,7 +137,7 @@ def measure(args, ckpt: Path) -> dict:
                          "setting": setting, "tokens": result.tokens, "steps": s.get("verify_steps", 0),
                          "drafted": s.get("num_drafted", 0), "accepted": s.get("num_accepted", 0),
                          "tokens_per_second": s["tokens_per_second"],
-                         "nll": mean_nll(model, prompt.ids, result.tokens)}
+                         "nll": benchlib.mean_nll(model, prompt.ids, result.tokens)}
                     done[key(r)] = r
                     log.write(json.dumps(benchlib.finite(r)) + "\n")
                     log.flush()
@@ -160,14 +150,6 @@ def measure(args, ckpt: Path) -> dict:
                          "max_new_tokens": args.max_new_tokens},
             "labels": [row["label"] for row in rows], "pairs": pairs,
             "records": [done[(row["label"], *pair, setting)] for row in rows for pair in pairs]}
-
-
-def paired_interval(a: list[float], b: list[float], reps: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
-    """(mean(a - b), low, high): the 95% percentile interval of the mean difference over resampled pairs."""
-    diff = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)  # [n]
-    picks = torch.randint(0, len(diff), (reps, len(diff)), generator=torch.Generator().manual_seed(seed))
-    means = diff[picks].mean(dim=1).sort().values  # [reps]
-    return diff.mean().item(), means[int(0.025 * (reps - 1))].item(), means[int(round(0.975 * (reps - 1)))].item()
 
 
 def summarize(result: dict) -> list[dict]:
@@ -189,7 +171,7 @@ def summarize(result: dict) -> list[dict]:
             "speed": median(r["tokens_per_second"] / b["tokens_per_second"] for r, b in zip(mine, base)
                             if b["tokens_per_second"]),
             "nll": sum(n for n, _ in usable) / len(usable) if usable else None,
-            "vs_base_nll": paired_interval([n for n, _ in usable], [m for _, m in usable]) if usable else None,
+            "vs_base_nll": benchlib.paired_mean_interval([n for n, _ in usable], [m for _, m in usable]) if usable else None,
         })
     return rows
 

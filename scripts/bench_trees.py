@@ -196,11 +196,11 @@ def measure(args, ckpt) -> dict:
             row["verify_ms"] = 1000 * s["verify_seconds"] / steps if "verify_seconds" in s else None  # plain: none
             if name == "plain":
                 plain_tokens, plain_speed = out.tokens, s["tokens_per_second"]
-                plain_nll = mean_nll(model, prompt.ids, out.tokens)
+                plain_nll = benchlib.mean_nll(model, prompt.ids, out.tokens)
             row["same"] = None if plain_tokens is None else out.tokens == plain_tokens
             if args.dropmatch is not None and plain_tokens is not None:
                 row["prefix"] = prefix_share(out.tokens, plain_tokens)
-                row["dnll"] = mean_nll(model, prompt.ids, out.tokens) - plain_nll
+                row["dnll"] = benchlib.mean_nll(model, prompt.ids, out.tokens) - plain_nll
             row["speed"] = ratio(s["tokens_per_second"], plain_speed)
             per_config[name].append(row)
             print(f"{prompt.set}#{prompt.index} {name:36s} tau {row['tau']:.3f} nodes {row['nodes']:.1f} "
@@ -220,14 +220,6 @@ def prefix_share(tokens: list[int], plain: list[int]) -> float:
     """The share of plain greedy's tokens reproduced before the first difference."""
     same = next((i for i, (a, b) in enumerate(zip(tokens, plain)) if a != b), min(len(tokens), len(plain)))
     return same / len(plain)
-
-
-@torch.inference_mode()
-def mean_nll(model, prompt: list[int], tokens: list[int]) -> float:
-    """Mean -log p_target(token | everything before it) over the generated tokens, one forward pass."""
-    ids = torch.tensor([prompt + tokens])
-    logits = model(ids)[0, len(prompt) - 1: -1].double()  # [n, V]: the rows that predict the tokens
-    return float(-torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None]).mean())
 
 
 def speed_note(skip: set, loads: list) -> str:

@@ -173,6 +173,28 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b is not None and b > 0 else None
 
 
+def paired_mean_interval(a: list[float], b: list[float], reps: int = 10_000, seed: int = 0) -> list[float] | None:
+    """[mean(a - b), low, high]: the 95% percentile interval of the mean difference over pairs
+    resampled with replacement (the same pairs for both); None without pairs."""
+    if not a:
+        return None
+    diff = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)  # [n]
+    picks = torch.randint(0, len(diff), (reps, len(diff)), generator=torch.Generator().manual_seed(seed))
+    means = diff[picks].mean(dim=1).sort().values  # [reps]
+    return [diff.mean().item(), means[int(0.025 * (reps - 1))].item(), means[int(round(0.975 * (reps - 1)))].item()]
+
+
+@torch.inference_mode()
+def mean_nll(model, prompt: list[int], tokens: list[int]) -> float | None:
+    """Mean -log p_target(token | everything before it) over the generated tokens, one forward pass
+    (float64 log-softmax); None for no tokens."""
+    if not tokens:
+        return None
+    ids = torch.tensor([prompt + tokens])  # [1, P + N]
+    logits = model(ids)[0, len(prompt) - 1: -1].double()  # [N, V]: the rows that predict the tokens
+    return float(-torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None]).mean())
+
+
 # -------------------------------------------------------------------------------------- tables
 
 

@@ -37,8 +37,6 @@ import benchlib
 import humaneval_harness as harness
 from benchlib import fmt, md_table, median
 
-import torch  # noqa: E402
-
 from minispec.cli import run_main  # noqa: E402
 from minispec.errors import MinispecError  # noqa: E402
 
@@ -54,16 +52,6 @@ def read_json(path: Path, made_by: str) -> dict:
     except json.JSONDecodeError as error:
         raise MinispecError(f"{path}: not JSON ({error.msg} at line {error.lineno}); expected a result of "
                             f"scripts/{made_by}") from None
-
-
-def paired_mean_interval(a: list[float], b: list[float], reps: int = 10_000, seed: int = 0) -> list[float] | None:
-    """[mean(a - b), low, high]: the 95% percentile interval of the mean difference over resampled pairs."""
-    if not a:
-        return None
-    diff = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)  # [n]
-    picks = torch.randint(0, len(diff), (reps, len(diff)), generator=torch.Generator().manual_seed(seed))
-    means = diff[picks].mean(dim=1).sort().values  # [reps]
-    return [diff.mean().item(), means[int(0.025 * (reps - 1))].item(), means[int(round(0.975 * (reps - 1)))].item()]
 
 
 # ------------------------------------------------------------------------------------- the pair
@@ -141,9 +129,9 @@ def smollm2_rows(results: list[dict]) -> list[dict]:
                 "tau_gain": tau / base_tau - 1 if tau and base_tau else None,
                 "acceptance": sum(mine[k]["num_accepted"] or 0 for k in prompts) / drafted if drafted else None,
                 "quality": sum(a for a, _ in nll) / len(nll) if nll else None,
-                "quality_change": paired_mean_interval([a for a, _ in nll], [b for _, b in nll]),
+                "quality_change": benchlib.paired_mean_interval([a for a, _ in nll], [b for _, b in nll]),
                 "agreement": sum(a for a, _ in agree) / len(agree) if agree else None,
-                "agreement_change": paired_mean_interval([a for a, _ in agree], [b for _, b in agree]),
+                "agreement_change": benchlib.paired_mean_interval([a for a, _ in agree], [b for _, b in agree]),
                 "speed_vs_base": median(mine[k]["speedup"] / base[k]["speedup"] for k in prompts
                                         if mine[k].get("speedup") and base[k].get("speedup")),
                 "policy_share": median(mine[k].get("policy_share") for k in prompts

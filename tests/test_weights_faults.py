@@ -24,7 +24,7 @@ from minispec import load_model, load_tokenizer
 from minispec.errors import CheckpointError
 from minispec.weights import ensure_default_checkpoint, main
 
-pytest.importorskip("gguf")
+pytest.importorskip("gguf", reason="the GGUF writer (pip install -e .[test])")
 from test_weights import write_tiny_gguf  # noqa: E402
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and flock are POSIX")

@@ -41,7 +41,7 @@ class StopStrings:
     """
 
     def __init__(self, tokenizer, strings: tuple[str, ...]) -> None:
-        for token_id in getattr(tokenizer, "added_token_ids", ()):  # special tokens are skipped in the text: never matched
+        for token_id in tokenizer.added_token_ids:  # special tokens are skipped in the text: never matched
             content = tokenizer.backend.id_to_token(token_id)
             hit = next((s for s in strings if content and content in s), None)
             if hit is not None and tokenizer.decode([token_id], skip_special_tokens=True) == "":

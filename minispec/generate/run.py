@@ -297,20 +297,10 @@ def decode_utf8(data: bytes, what: str) -> str:
 
 
 def _device(name: str) -> torch.device:
-    """--device as a torch.device that can run a model here: a small computation on it must give a value."""
-    import torch
+    """--device as a torch.device that can run a model here (minispec.checkpoint.usable_device)."""
+    from minispec.checkpoint import usable_device
 
-    try:
-        device = torch.device(name)
-        if device.type == "meta":  # tensors without data: everything "runs", nothing is computed
-            raise RuntimeError("meta tensors hold no data")
-        torch.ones(2, device=device).add(1).sum().item()
-    except Exception as err:  # torch says why in its own words: unknown type, not compiled with it, no such index
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        reason = reason if len(reason) <= 100 else reason[:97] + "..."
-        raise MinispecError(f"--device = {name!r}: cannot run a model here ({reason}); expected cpu, or an "
-                            "available accelerator such as cuda, cuda:1, mps") from None
-    return device
+    return usable_device(name, "--device")
 
 
 def _drafter(args: GenerateArgs, model, tokenizer):

@@ -152,13 +152,13 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
       check on stderr.
     """
     if not callable(policy_factory) or isinstance(policy_factory, AcceptancePolicy):
-        raise MinispecError(f"check_policy({policy_factory!r}): expected a callable that returns a new policy, e.g. "
-                        "check_policy(MyPolicy) or check_policy(lambda: acceptance.get('exact')), not a name or an "
-                        "instance (each check needs fresh policies)")
+        raise MinispecError(f"check_policy({policy_factory!r}): expected a callable that returns a new policy, "
+                            "e.g. check_policy(MyPolicy) or check_policy(lambda: acceptance.get('exact')), not a "
+                            "name or an instance (each check needs fresh policies)")
     policy = policy_factory()
     if not isinstance(policy, AcceptancePolicy):
         raise MinispecError(f"check_policy: policy_factory() returned {type(policy).__name__}; expected an "
-                        "AcceptancePolicy (a subclass of minispec.acceptance.AcceptancePolicy)")
+                            "AcceptancePolicy (a subclass of minispec.acceptance.AcceptancePolicy)")
     quick = check_settings()
     name = type(policy).__name__
     claims_lossless = policy.lossless if lossless is None else lossless
