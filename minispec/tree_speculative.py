@@ -109,28 +109,28 @@ def generate_tree(
     walk_for(policy)  # a policy without a tree form fails here, before any work
     policy.reset(seed)
     drafter = make_tree_drafter(draft, target, tree, depth=max_depth)
-    check_budget(target, drafter, tree.budget, max_depth, len(prompt) + max_new_tokens)
-    policy.check_sizes(tree.budget + 1, target.config.vocab_size, target.config.hidden_size, target.device)
-    return tree_decode(target, drafter, policy, tree.budget, max_depth, prompt, max_new_tokens, params, generator,
+    budget = usable_budget(target, drafter, tree.budget, max_depth, len(prompt) + max_new_tokens)
+    policy.check_sizes(budget + 1, target.config.vocab_size, target.config.hidden_size, target.device)
+    return tree_decode(target, drafter, policy, budget, max_depth, prompt, max_new_tokens, params, generator,
                        eos, on_tokens, stop_when)
 
 
-def check_budget(target: Transformer, drafter: TreeDrafter, budget: int, depth: int, max_context: int) -> None:
-    """The tree budget bounded before anything is allocated: by what the drafter's trees can hold
-    at this depth (nodes above it could never be drafted), then by memory (the target's cache of
-    max_context + budget positions, the drafter's, and one verify pass of budget + 1 rows)."""
+def usable_budget(target: Transformer, drafter: TreeDrafter, budget: int, depth: int, max_context: int) -> int:
+    """The nodes per tree this run can use, bounded before anything is allocated. The budget is a
+    ceiling: the drafter's trees hold at most drafter.max_nodes(...) nodes at this depth (4 + 8 + 8
+    for branching 4,2,1; every earlier match of the context for n-grams), so no more is allocated
+    or computed, whatever the flag says. What is left must fit in memory: the target's cache of
+    max_context + budget positions, the drafter's, and one verify pass of budget + 1 rows."""
     most = drafter.max_nodes(depth, max_context, target.config.vocab_size)
-    if most is not None and budget > most:
-        raise MinispecError(f"tree budget {budget} (--tree): the {drafter.name} drafter's trees, {depth} deep (gamma) "
-                            f"after at most {max_context} tokens, hold at most {most} nodes, so the rest could never "
-                            f"be drafted; expected a budget of at most {most}, or a wider or deeper tree")
-    nbytes = kv_cache_bytes(target.config, 1, max_context + budget, target.dtype) + verify_bytes(
-        target.config, budget + 1, max_context, target.dtype)
+    used = budget if most is None else min(budget, most)
+    nbytes = kv_cache_bytes(target.config, 1, max_context + used, target.dtype) + verify_bytes(
+        target.config, used + 1, max_context, target.dtype)
     if drafter.model is not None:
-        nbytes += kv_cache_bytes(drafter.model.config, 1, max_context + budget, drafter.model.dtype,
+        nbytes += kv_cache_bytes(drafter.model.config, 1, max_context + used, drafter.model.dtype,
                                  getattr(drafter, "num_layers", None))
-    check_fits(nbytes, f"tree budget {budget} (--tree): its caches and one verify pass of {budget + 1} rows",
+    check_fits(nbytes, f"tree budget {budget} (--tree): its caches and one verify pass of {used + 1} rows",
                target.device, "a smaller budget, or fewer max_new_tokens")
+    return used
 
 
 def tree_decode(target: Transformer, drafter: TreeDrafter, policy: AcceptancePolicy,

@@ -275,6 +275,14 @@ def check_interrupted_batch_json(outcome: Outcome, folder: Path) -> None:
     assert row["text"] == load_tokenizer(folder).decode(row["tokens"], skip_special_tokens=True)
 
 
+def check_budget_of(nodes: int):
+    def check(outcome: Outcome, folder: Path) -> None:
+        check_finished(outcome, folder)
+        assert json_out(outcome)["stats"]["budget"] == nodes
+
+    return check
+
+
 def check_two_prompts_one_with_separators(outcome: Outcome, folder: Path) -> None:
     results = json_out(outcome)["results"]
     assert len(results) == 2  # U+2028, U+0085 and a form feed stay inside the first prompt
@@ -495,10 +503,15 @@ ROWS: list[Row] = [
         check=check_interrupted_batch_json,
         note='Ctrl-C while a batch generates: stdout has the JSON object so far, "finish_reason": "interrupted"'),
     # ---- sizes bounded by what the tree can use and what the machine can hold
-    cli("tree-budget-beyond-the-tree", f"{G} --draft ngram --tree 100000000", 2, "--tree", "at most",
-        note="the n-gram tree of this context and depth holds far fewer nodes"),
-    cli("tree-budget-int64", f"{G} --draft ngram --tree 9223372036854775807", 2, "--tree", "at most"),
-    cli("tree-budget-beyond-the-branching", f"{G} --draft early-exit:1 --tree 64", 2, "--tree", "at most 20"),
+    cli("tree-budget-beyond-the-tree", f"{G} --draft ngram --tree 100000000 --json", 0, check=check_finished,
+        note="runs: the budget is a ceiling, and an n-gram tree of this context holds at most 3 x 51 x 5 nodes: "
+             "only those are allocated"),
+    cli("tree-budget-int64", f"{G} --draft ngram --tree 9223372036854775807 --json", 0, check=check_finished,
+        note="runs, as above"),
+    cli("tree-budget-beyond-the-branching", f"{G} --draft early-exit:1 --tree 64 --json", 0,
+        check=check_budget_of(20), note="runs with 20 nodes per tree: all that branching 4,2,1 can hold"),
+    api("tree-budget-beyond-memory", "minispec.tree_speculative.usable_budget(model, minispec.tree_drafters."
+        "NgramTreeDrafter(), 10**12, 5, 10**12)", MinispecError, "--tree", "GiB", "available"),
     cli("tree-branching-beyond-the-vocabulary", f"{G} --draft early-exit:1 --tree 8 --branching 100000 --json", 0,
         check=check_finished, note="runs: a node never gets more children than the budget can keep"),
     cli("dropmatch-paths-beyond-memory", f"{G} --draft ngram --policy dropmatch --paths 1000000000", 2, "--paths",
