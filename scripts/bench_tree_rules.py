@@ -108,10 +108,6 @@ def measure(args, ckpt: Path) -> dict:
     out = benchlib.out_dir(PROG, args.out)
     out.mkdir(parents=True, exist_ok=True)
     records_file = out / "records.jsonl"
-    setting = (f"{args.draft} budget {args.budget} branching {','.join(map(str, args.branching))} depth {args.gamma} "
-               f"T {args.temperature:g} {args.max_new_tokens} tokens")  # records of other settings are not reused
-    key = (lambda r: (r["label"], r["set"], r["index"], r["seed"], r["setting"]))
-    done = benchlib.read_records(records_file, key)
     tokenizer = minispec.load_tokenizer(ckpt)
     prompts = benchlib.load_prompts(args.sets, args.prompts_per_set, tokenizer)
     model = kernels.apply(minispec.load_model(ckpt, dtype=torch.float32), "fast", checkpoint=ckpt)
@@ -123,6 +119,11 @@ def measure(args, ckpt: Path) -> dict:
     drafter = make_drafter(spec, model)  # a chain drafter (early exit shares the target's layers)
     tree_drafter = make_tree_drafter(spec, model, TreeSpec(budget=args.budget, branching=args.branching),
                                      depth=args.gamma)
+    branching = list(getattr(tree_drafter, "branching", ()))  # what the drafter uses (none for n-grams)
+    setting = (f"{args.draft} budget {args.budget} branching {','.join(map(str, branching))} depth {args.gamma} "
+               f"T {args.temperature:g} {args.max_new_tokens} tokens")  # records of other settings are not reused
+    key = (lambda r: (r["label"], r["set"], r["index"], r["seed"], r["setting"]))
+    done = benchlib.read_records(records_file, key)
     rows = rows_of(args)
     eos = tokenizer.eos_token_ids
     with records_file.open("a") as log:
@@ -145,7 +146,7 @@ def measure(args, ckpt: Path) -> dict:
                           f"{(len(r['tokens']) - 1) / max(r['steps'], 1):.2f}  {r['tokens_per_second']:.1f} tok/s", flush=True)
     pairs = [(p.set, p.index, seed) for p in prompts for seed in args.seeds]
     return {"settings": {"draft": args.draft, "sets": list(args.sets), "prompts_per_set": args.prompts_per_set,
-                         "budget": args.budget, "branching": list(args.branching), "gamma": args.gamma,
+                         "budget": args.budget, "branching": branching, "gamma": args.gamma,
                          "temperature": args.temperature, "seeds": list(args.seeds),
                          "max_new_tokens": args.max_new_tokens},
             "labels": [row["label"] for row in rows], "pairs": pairs,
@@ -205,8 +206,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts-per-set", type=ranged(int, "--prompts-per-set", lo=1, hi=80), default=2,
                         help="the first N prompts of each set")
     parser.add_argument("--budget", type=ranged(int, "--budget", lo=1, hi=64), default=16, help="tree nodes per step")
-    parser.add_argument("--branching", type=benchlib.number_list(int, "--branching", 1), default="4,2,1",
-                        help="children per node at depth 1, 2, ... (a static tree)")
+    parser.add_argument("--branching", type=benchlib.number_list(int, "--branching", 1), default=None,
+                        help="children per node at depth 1, 2, ... (a static tree; if not given: 4,2,1 cut to --gamma)")
     parser.add_argument("--gamma", type=ranged(int, "--gamma", lo=1, hi=32), default=4,
                         help="tree depth, and the chains' draft length")
     parser.add_argument("--rules", type=rule_list(TREE_RULES, "--rules"), default="sampling,traversal,typical,dropmatch:0.3",

@@ -5,7 +5,7 @@ The reference, on one row of logits (float64 Python floats):
     p       = softmax(logits / T)
     top-k   keep x if logit_x >= the k-th largest logit (every token tied with the k-th is kept)
     top-p   on the top-k distribution renormalised: keep x if the mass of the tokens strictly more
-            probable than x is below top_p (the token that crosses top_p is kept; tokens tied
+            probable than x (a strictly larger logit) is below top_p (the token that crosses top_p is kept; tokens tied
             with it are kept with it: the kept set does not depend on how ties are ordered)
     result  the kept tokens' p, renormalised
 
@@ -37,7 +37,9 @@ def reference_probs(logits: list[float], temperature: float, top_k: int | None, 
     total = sum(weights.values())
     probs = {i: w / total for i, w in weights.items()}
     if top_p is not None and top_p < 1:
-        masses = {i: sum(q for j, q in probs.items() if q > probs[i]) for i in probs}
+        # strictly more probable = a strictly larger logit (exact in floats; two logits a few ulps apart
+        # can round to one probability)
+        masses = {i: sum(q for j, q in probs.items() if scaled[j] > scaled[i]) for i in probs}
         assume(all(abs(m - top_p) > 1e-9 for m in masses.values()))  # not on a float boundary
         kept = [i for i in probs if masses[i] < top_p]
         total = sum(probs[i] for i in kept)
