@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from minispec.disk import require_free, write_failure
 from minispec.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch, numpy and gguf load where a conversion needs them
@@ -69,12 +71,18 @@ class PlannedTensor:
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "float32", quiet: bool = True,
-                 on_weights_written: Callable[[], None] | None = None) -> Path:
+                 on_weights_written: Callable[[], None] | None = None, shown_as: str | Path | None = None) -> Path:
     """Write the HF folder (weights, config, tokenizer) for the GGUF file at `gguf_path` into `out_dir`.
 
     dtype: "float32" (the dequantized values exactly) or "bfloat16" (each rounded to nearest
     even: half the disk, and what a bfloat16 model would round them to anyway).
     on_weights_written: called once model.safetensors is complete (a test hook).
+    shown_as: the folder as error messages name it (default: `out_dir`; ensure_checkpoint writes
+    into a temp folder and names the destination).
+
+    Room is checked before anything is written (a one-line CheckpointError); a write that fails
+    anyway (the disk filled meanwhile) removes what this call wrote and is a one-line
+    CheckpointError too.
     """
     if dtype not in OUTPUT_DTYPES:
         raise CheckpointError(f"--dtype {dtype!r}: not a dtype the converter writes; expected one of "
@@ -101,19 +109,49 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
                               "tokenizer adds no BOS, the chat template writes its own)")
 
     params = sum(t.numel for t in plan)
+    weight_bytes = params * (4 if dtype == "float32" else 2)
+    shown = Path(shown_as) if shown_as is not None else out_dir
+    require_free(out_dir, weight_bytes, f"the {dtype} weights, config and tokenizer",
+                 "free some space, or convert into another folder with --dest", shown_as=shown)
     _say(f"converting {len(plan)} tensors ({arch}, {params / 1e6:.0f}M parameters) from {gguf_path.name} "
          f"to {dtype} ...", quiet)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    weights_file = out_dir / "model.safetensors"
-    write_safetensors(weights_file, plan, dtype, _progress(len(plan), quiet))
-    if on_weights_written is not None:
-        on_weights_written()
     json_files = {"config.json": config, "tokenizer_config.json": tokenizer_config,
                   "generation_config.json": {f"{key}_token_id": token_id for key, token_id in special.items()}}
-    for file, content in json_files.items():
-        (out_dir / file).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    tokenizer.save(str(out_dir / "tokenizer.json"))
+    made_folder = not out_dir.exists()
+    written: list[Path] = []  # what this call wrote, removed again if a later write fails
+    file = "model.safetensors"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written.append(out_dir / file)
+        write_safetensors(out_dir / file, plan, dtype, _progress(len(plan), quiet))
+        if on_weights_written is not None:
+            on_weights_written()
+        for file, content in json_files.items():
+            written.append(out_dir / file)
+            (out_dir / file).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        file = "tokenizer.json"
+        written.append(out_dir / file)
+        save_tokenizer(tokenizer, out_dir / file)
+    except BaseException as error:  # Ctrl-C and bugs too: never leave a half-written folder
+        for path in written:
+            path.unlink(missing_ok=True)
+        if made_folder:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        if isinstance(error, OSError):  # a full disk, a folder made read-only meanwhile: the user's to fix
+            raise write_failure(shown, file, error) from None
+        raise
     return out_dir
+
+
+def save_tokenizer(tokenizer, path: Path) -> None:
+    """tokenizer.save, with its failed write (the tokenizers library raises a plain Exception,
+    "No space left on device (os error 28)") as the OSError it is."""
+    try:
+        tokenizer.save(str(path))
+    except Exception as error:
+        if "os error" not in str(error):
+            raise
+        raise OSError(str(error)) from None
 
 
 def open_gguf(gguf_path: Path):

