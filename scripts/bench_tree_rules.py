@@ -145,7 +145,7 @@ def measure(args, ckpt: Path) -> dict:
                     print(f"{row['label']:<22} {prompt.set}/{prompt.index} seed {seed}  tau "
                           f"{(len(r['tokens']) - 1) / max(r['steps'], 1):.2f}  {r['tokens_per_second']:.1f} tok/s", flush=True)
     pairs = [(p.set, p.index, seed) for p in prompts for seed in args.seeds]
-    return {"settings": {"draft": args.draft, "sets": list(args.sets), "prompts_per_set": args.prompts_per_set,
+    return {"settings": {"target": ckpt.name, "draft": args.draft, "sets": list(args.sets), "prompts_per_set": args.prompts_per_set,
                          "budget": args.budget, "branching": branching, "gamma": args.gamma,
                          "temperature": args.temperature, "seeds": list(args.seeds),
                          "max_new_tokens": args.max_new_tokens},
@@ -184,7 +184,7 @@ def render(result: dict) -> str:
 def table(result: dict) -> str:
     """The settings in a line, and the table."""
     s = result["settings"]
-    text = (f"T = {s['temperature']}, seeds {s['seeds']}, {len(result['pairs']) // len(s['seeds'])} prompts "
+    text = (f"Target {s.get('target', 'smollm2-135m-instruct')}, T = {s['temperature']}, seeds {s['seeds']}, {len(result['pairs']) // len(s['seeds'])} prompts "
             f"({', '.join(s['sets'])}, {s['prompts_per_set']} each), {s['max_new_tokens']} new tokens; draft "
             f"{s['draft']}; trees: budget {s['budget']}, branching {s['branching']}, depth {s['gamma']}; chains: "
             f"gamma {s['gamma']}. tau pooled; speed: median over (prompt, seed) of tok/s over {BASE}'s; NLL: the "

@@ -93,17 +93,30 @@ def pair_rows(result: dict) -> list[dict]:
 
 def rule_of(record: dict) -> str:
     policy = record["policy"]
-    if policy == "dropmatch":
-        return f"dropmatch-{record.get('dropout_p'):g}"
+    if policy == "dropmatch":  # the paper's criterion (js_or_majority) unnamed; another one named
+        criterion = record.get("criterion") or "js_or_majority"
+        return f"dropmatch-{record.get('dropout_p'):g}" + ("" if criterion == "js_or_majority" else f"-{criterion}")
     return f"{policy}-{record['criterion']}" if record.get("criterion") else policy  # lenience-0.5, fly-3
 
 
 def smollm2_rows(results: list[dict]) -> list[dict]:
-    """Chain configurations of bench_policies results, against their base on the same prompts."""
-    records = []
+    """Chain configurations of bench_policies results, each against the base of its own run (same
+    prompts, same machine state); a configuration in two runs (a base repeated beside a new rule)
+    is reported once, from the first run that has it."""
+    rows, seen = [], set()
     for result in results:
-        p = result["settings"]["dropout_p"]
-        records += [{**r, "dropout_p": p} for r in result["records"] if r["tool"] == "minispec" and r["drafter"]]
+        for row in run_rows(result):
+            key = (row["drafter"], row["gamma"], row["temperature"], row["rule"])
+            if key not in seen:
+                seen.add(key)
+                rows.append(row)
+    return sorted(rows, key=lambda r: (r["drafter"], r["gamma"], r["temperature"]))
+
+
+def run_rows(result: dict) -> list[dict]:
+    """The chain configurations of one bench_policies result, against its base."""
+    p = result["settings"]["dropout_p"]
+    records = [{**r, "dropout_p": p} for r in result["records"] if r["tool"] == "minispec" and r["drafter"]]
     groups: dict[tuple, dict[str, dict]] = {}  # (drafter, gamma, T) -> rule -> {prompt: record}
     for r in records:
         groups.setdefault((r["drafter"], r["gamma"], r["temperature"]), {}).setdefault(rule_of(r), {})[
@@ -176,7 +189,8 @@ def render(pair: list[dict], smollm2: list[dict], trees: list[dict]) -> str:
     for result in trees:
         import bench_tree_rules
 
-        text += "### SmolLM2-135M on draft trees (T > 0)\n\n" + bench_tree_rules.table(result)
+        target = result["settings"].get("target", "smollm2-135m-instruct")
+        text += f"### {target} on draft trees (T > 0)\n\n" + bench_tree_rules.table(result)
     return text
 
 
