@@ -57,6 +57,31 @@ def test_a_rule_missing_a_prompt_is_compared_on_the_prompts_both_have():
     assert dm["rule"] == "dropmatch-0.012" and dm["prompts"] == 1 and dm["quality_change"][0] == pytest.approx(2.0)
 
 
+def test_dropmatch_criteria_are_rows_of_their_own():
+    records = [policy_record("sampling", 5, 1.0, 0, accepted=10, steps=10, nll=1.0, agree=0.5, speedup=1.0)]
+    records += [policy_record("dropmatch", 5, 1.0, 0, accepted=accepted, steps=10, nll=1.0, agree=0.5, speedup=1.0,
+                              criterion=criterion)
+                for criterion, accepted in (("js_or_majority", 20), ("majority", 30), ("naive", 40))]
+    rows = rules_table.smollm2_rows([{"settings": {"dropout_p": 0.3}, "records": records}])
+    assert {r["rule"]: r["tau"] for r in rows} == pytest.approx(
+        {"sampling": 2.0, "dropmatch-0.3": 3.0, "dropmatch-0.3-majority": 4.0, "dropmatch-0.3-naive": 5.0})
+
+
+def test_each_run_is_compared_with_its_own_base_and_a_repeated_base_is_one_row():
+    def run(p, base_speed, dm_speed, dm_accepted):
+        return {"settings": {"dropout_p": p}, "records": [
+            policy_record("sampling", 5, 1.0, 0, accepted=10, steps=10, nll=1.0, agree=0.5, speedup=base_speed),
+            policy_record("dropmatch", 5, 1.0, 0, accepted=dm_accepted, steps=10, nll=1.0, agree=0.5,
+                          speedup=dm_speed, criterion="js_or_majority")]}
+
+    rows = rules_table.smollm2_rows([run(0.3, 1.0, 1.5, 20), run(0.012, 2.0, 2.2, 15)])  # a slower machine, then a faster
+    by = {r["rule"]: r for r in rows}
+    assert [r["rule"] for r in rows] == ["sampling", "dropmatch-0.3", "dropmatch-0.012"]
+    assert by["dropmatch-0.3"]["speed_vs_base"] == pytest.approx(1.5)  # against its own run's base, not 2.0
+    assert by["dropmatch-0.012"]["speed_vs_base"] == pytest.approx(1.1)
+    assert by["dropmatch-0.012"]["tau_gain"] == pytest.approx(2.5 / 2.0 - 1)
+
+
 def test_the_paired_interval_holds_the_mean_and_widens_with_spread():
     a, b = [1.0, 2.0, 3.0, 4.0], [1.0, 1.0, 1.0, 1.0]
     mean, low, high = benchlib.paired_mean_interval(a, b)
