@@ -176,7 +176,7 @@ def render(pair: list[dict], smollm2: list[dict], trees: list[dict]) -> str:
              "x base (median batch)", "policy time"],
             [[fmt(r["temperature"], "g"), str(r["gamma"]), r["rule"], fmt(r["tau"]), fmt_gain(r["tau_gain"]),
               fmt(r["acceptance"]), f"{r['quality'] * 100:.1f}%", interval(r["quality_change"], 100),
-              fmt(r["speed_vs_base"], ".2f", "x"), fmt(r["policy_share"], ".1%")] for r in pair]) + "\n"
+              fmt(r["speed_vs_base"], ".2f", "x"), fmt(r["policy_share"], ".1%")] for r in pair]) + "\n\n"
     if smollm2:
         text += "### SmolLM2-135M: the target's NLL and agreement with greedy\n\n" + md_table(
             ["T", "gamma", "drafter", "rule", "tau", "tau gain", "acceptance", "NLL", "vs base [95% CI]",
@@ -185,7 +185,7 @@ def render(pair: list[dict], smollm2: list[dict], trees: list[dict]) -> str:
               fmt_gain(r["tau_gain"]), fmt(r["acceptance"]), fmt(r["quality"], ".3f"),
               interval(r["quality_change"], 1, "+.3f"), fmt(r["agreement"], ".2f"),
               interval(r["agreement_change"], 1, "+.2f"), fmt(r["speed_vs_base"], ".2f", "x"), str(r["prompts"])]
-             for r in smollm2]) + "\n"
+             for r in smollm2]) + "\n\n"
     for result in trees:
         import bench_tree_rules
 
