@@ -213,6 +213,9 @@ def self_draft(target: Transformer, precision: str) -> Transformer:
         raise MinispecError(f"self-draft: the target was already rewritten by minispec.kernels "
                             f"({kernels.kind_of(target)}); build the self-draft first, then apply the kernels to both")
     if precision in ("bf16", "bfloat16"):
+        if target.dtype == torch.bfloat16:  # the copy would be the target itself: every draft accepted, twice the work
+            raise MinispecError("--draft self:bf16: the target is already bfloat16, so its bfloat16 copy would be the "
+                                "target itself; expected a float32 or float64 target (--dtype), or --draft self:int8")
         return copy.deepcopy(target).to(torch.bfloat16)
     if precision == "int8":
         if target.device.type != "cpu":  # the int8 kernel (torch._weight_int8pack_mm) is CPU-only

@@ -467,6 +467,8 @@ ROWS: list[Row] = [
     cli("batch-stdin", f"{G} --prompt-file - --batch-size 2 --draft ngram --json", 0, check=check_batch_finished,
         stdin=b"hi\n\nho\n", note="one prompt per line, blank lines skipped"),
     # ---- a separate draft model's own settings; the speed-up report
+    cli("self-bf16-draft-of-a-bf16-target", f"{G} --dtype bf16 --draft self:bf16", 2, "--draft self:bf16",
+        "--dtype", "self:int8"),
     cli("draft-vocab-with-ngram", f"{G} --draft ngram --draft-vocab 1000", 2, "--draft-vocab", "ngram"),
     cli("draft-kernels-with-self-draft", f"{G} --draft self:int8 --draft-kernels int8", 2, "--draft-kernels",
         "self:int8"),

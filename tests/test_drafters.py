@@ -88,6 +88,20 @@ def test_a_draft_model_of_another_vocabulary_is_refused():
     assert "vocabulary of 40 tokens != the target's 32" in one_line(err)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_a_bfloat16_self_draft_of_a_bfloat16_target_is_refused(dtype):
+    """self:bf16 of a bfloat16 target would be the target itself (every draft accepted, the work
+    done twice): one line naming the flag and the ways out; any wider target gets its copy."""
+    target = random_model(tiny_config(), 0).to(dtype)
+    if dtype == torch.bfloat16:
+        with pytest.raises(MinispecError) as err:
+            make_drafter("self:bf16", target)
+        assert one_line(err).startswith("--draft self:bf16: the target is already bfloat16")
+        assert "--dtype" in str(err.value) and "self:int8" in str(err.value)
+    else:
+        assert make_drafter("self:bf16", target).model.dtype == torch.bfloat16
+
+
 def test_the_int8_self_draft_off_the_cpu_is_a_one_line_error_naming_the_flag():
     """The int8 kernel is CPU-only: a target elsewhere (here the meta device, which any machine
     has) gets an error that names --draft self:int8 and the way out, before anything is copied."""
