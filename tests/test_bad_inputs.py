@@ -561,6 +561,18 @@ ROWS: list[Row] = [
         MinispecError, "prompt_ids", "meta"),
     api("check-policy-with-a-name", "minispec.testing.check_policy('exact')", MinispecError, "check_policy",
         "callable"),
+    api("check-policy-neutral-unknown-option",
+        "minispec.testing.check_policy(acceptance.Lenience, neutral={'strength': 1.0}, progress=False)",
+        MinispecError, "check_policy: neutral", "strength"),
+    api("check-policy-unknown-base",
+        "minispec.testing.check_policy(acceptance.Lenience, neutral={'beta': 1.0}, base='greedy', progress=False)",
+        MinispecError, "check_policy: base", "'greedy'"),
+    api("check-policy-base-without-neutral",
+        "minispec.testing.check_policy(acceptance.Lenience, base='sampling', progress=False)",
+        MinispecError, "check_policy", "neutral="),
+    api("check-policy-neutral-temperature-negative",
+        "minispec.testing.check_policy(acceptance.Lenience, neutral={'beta': 1.0}, neutral_temperatures=(-1.0,), "
+        "progress=False)", MinispecError, "neutral_temperatures", "temperature = -1.0"),
     # ---- lines that name the field at fault
     cli("head-dim-mismatch", f"{G} --prompt hi", 2, "_proj", "head_dim", setup=edit_json("config.json", head_dim=16)),
     cli("untied-without-lm-head", f"{G} --prompt hi", 2, "lm_head.weight", "tie_word_embeddings",

@@ -10,6 +10,7 @@ from minispec.acceptance.base import first_rejection
 from minispec.kv_cache import KVCache
 from minispec.ragged_cache import RaggedKVCache
 from minispec.sampling import sample_token
+from minispec.errors import MinispecError
 from minispec.testing import CheckFailed, check_cache, check_policy, check_ragged_cache
 
 
@@ -48,6 +49,27 @@ def test_fly_is_its_base_at_its_neutral_threshold_at_every_temperature():
 
 def test_typical_passes_the_generic_checks():
     check_policy(TypicalAcceptance)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(neutral={"strength": 1.0}), ["check_policy: neutral = {'strength': 1.0}", "policy_factory(**neutral) failed", "'strength'"]),
+    (dict(neutral=[("beta", 1.0)]), ["check_policy: neutral = [('beta', 1.0)]", "expected a dict"]),
+    (dict(neutral={"beta": 1.0}, base="greedy"), ["check_policy: base", "'greedy'", "unknown acceptance policy"]),
+    (dict(neutral={"beta": 1.0}, neutral_temperatures=(1.0, -1.0)), ["neutral_temperatures", "temperature = -1.0"]),
+    (dict(neutral={"beta": 1.0}, neutral_temperatures=()), ["neutral_temperatures = ()", "non-empty"]),
+    (dict(base="sampling"), ["base = 'sampling'", "neutral="]),
+    (dict(neutral_temperatures=(0.0, 1.0)), ["neutral_temperatures = (0.0, 1.0)", "neutral="]),
+])
+def test_a_mistake_in_the_neutral_arguments_is_a_usage_error_before_any_check(kwargs, words, capsys):
+    """The caller's mistake in neutral=, base= or neutral_temperatures= is one MinispecError line
+    before any check runs (not a CheckFailed that blames the policy), and base= or
+    neutral_temperatures= without neutral= is refused rather than ignored."""
+    with pytest.raises(MinispecError) as err:
+        check_policy(Lenience, **kwargs)
+    message = str(err.value)
+    assert not isinstance(err.value, CheckFailed) and "\n" not in message
+    assert all(word in message for word in words), message
+    assert "check_policy(Lenience):" not in capsys.readouterr().err  # no check started
 
 
 # ------------------------------------------------------------- a user's policy, right and wrong

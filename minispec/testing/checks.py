@@ -42,7 +42,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from minispec.errors import MinispecError
-from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
+from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput, get
 from minispec.kv_cache import KVCache
 from minispec.sampling import SamplingParams, logits_to_probs
 from minispec.loop import score
@@ -138,6 +138,41 @@ def with_head(policy: AcceptancePolicy, inp: VerifyInput, seed: int) -> VerifyIn
                        inp.params, inp.generator, inp.draft_logits, hidden=hidden, head=head, extra_logits=extra_logits)
 
 
+def check_neutral_arguments(policy_factory: Callable[..., AcceptancePolicy], neutral: dict | None, base: str,
+                            neutral_temperatures: tuple) -> None:
+    """check_policy's neutral=, base= and neutral_temperatures= as one-line usage errors, before any check runs:
+    a mistake in them is the caller's, not a failure of the policy (CheckFailed), and base= or
+    neutral_temperatures= without neutral= would be ignored."""
+    if neutral is None:
+        if base != "exact" or tuple(neutral_temperatures) != (0.0,):
+            raise MinispecError(f"check_policy: base = {base!r}, neutral_temperatures = {neutral_temperatures!r}: "
+                                "they set the neutral_is_base check, which runs only with neutral=; expected "
+                                "neutral={...} with them (or neither)")
+        return
+    if not isinstance(neutral, dict):
+        raise MinispecError(f"check_policy: neutral = {neutral!r}; expected a dict of the policy's options at which "
+                            "it reduces to base, e.g. {'beta': 1.0}")
+    try:
+        get(base)
+    except MinispecError as error:
+        raise MinispecError(f"check_policy: base: {error}") from None
+    if not isinstance(neutral_temperatures, (tuple, list)) or not neutral_temperatures:
+        raise MinispecError(f"check_policy: neutral_temperatures = {neutral_temperatures!r}; expected a non-empty "
+                            "tuple of temperatures, e.g. (0.0,) or (0.0, 1.0)")
+    for temperature in neutral_temperatures:
+        try:
+            SamplingParams(temperature=temperature)
+        except MinispecError as error:
+            raise MinispecError(f"check_policy: neutral_temperatures: {error}") from None
+    try:
+        built = policy_factory(**neutral)
+    except (MinispecError, TypeError) as error:
+        raise MinispecError(f"check_policy: neutral = {neutral!r}: policy_factory(**neutral) failed: {error}") from None
+    if not isinstance(built, AcceptancePolicy):
+        raise MinispecError(f"check_policy: policy_factory(**neutral) returned {type(built).__name__}; expected an "
+                            "AcceptancePolicy")
+
+
 def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: bool | None = None,
                  neutral: dict | None = None, base: str = "exact", neutral_temperatures: tuple = (0.0,),
                  statistical: bool = True, progress: bool = True) -> None:
@@ -159,6 +194,7 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
     if not isinstance(policy, AcceptancePolicy):
         raise MinispecError(f"check_policy: policy_factory() returned {type(policy).__name__}; expected an "
                             "AcceptancePolicy (a subclass of minispec.acceptance.AcceptancePolicy)")
+    check_neutral_arguments(policy_factory, neutral, base, neutral_temperatures)
     quick = check_settings()
     name = type(policy).__name__
     claims_lossless = policy.lossless if lossless is None else lossless
