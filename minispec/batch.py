@@ -213,9 +213,10 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
         cache   row r holds seq_r[:-1]         (the chain loop's invariant, row by row)
     """
     vocab = target.config.vocab_size
-    # A row's verify pass is padded to the longest draft of the step: gamma more positions than
-    # the chain loop's prompt + max_new_tokens cover it.
-    max_len = max(len(r.prompt) for r in rows) + max_new_tokens + gamma
+    # A row's verify pass is padded to the longest draft of the step: up to gamma more positions
+    # than the chain loop's prompt + max_new_tokens, and no draft is longer than max_new_tokens - 1,
+    # so a gamma beyond max_new_tokens allocates nothing more.
+    max_len = max(len(r.prompt) for r in rows) + max_new_tokens + min(gamma, max_new_tokens)
     cache = target.new_cache(len(rows), max_len, cache_class=RaggedKVCache)
     drafter.start(len(rows), max_len, target_cache=cache)
     timer = PhaseTimer("draft", "verify", "policy")

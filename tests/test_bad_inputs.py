@@ -464,6 +464,9 @@ ROWS: list[Row] = [
     cli("batch-seed-past-2**64", f"{B} 2 --seed 18446744073709551615", 2, "--seed", "2**64", setup=TWO_PROMPTS),
     cli("batch-seed-largest", f"{B} 2 --temperature 1 --seed 18446744073709551614 --json", 0,
         check=check_batch_finished, setup=TWO_PROMPTS, note="the largest seeds work: prompt i uses --seed + i"),
+    cli("batch-gamma-beyond-max-new-tokens", f"{B} 2 --draft ngram --gamma 1000000000000 --json", 0,
+        check=check_batch_finished, setup=TWO_PROMPTS,
+        note="no draft is longer than --max-new-tokens - 1: the cache is sized by that, not by --gamma"),
     cli("batch-stdin", f"{G} --prompt-file - --batch-size 2 --draft ngram --json", 0, check=check_batch_finished,
         stdin=b"hi\n\nho\n", note="one prompt per line, blank lines skipped"),
     # ---- a separate draft model's own settings; the speed-up report

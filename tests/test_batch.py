@@ -286,6 +286,25 @@ def test_generate_refuses_what_a_batch_cannot_do():
         generate(target, [[1], [2]], max_new_tokens=3, draft="ngram", on_step=print)
 
 
+@pytest.mark.parametrize("kind", ["ngram", "random"])
+def test_a_gamma_beyond_max_new_tokens_allocates_no_more_and_decodes_the_same(kind, monkeypatch):
+    """No draft is longer than max_new_tokens - 1, so gamma = 10**12 decodes exactly as gamma =
+    max_new_tokens, with a cache of the same size: the size a user gives is bounded by the work.
+    (Before: a cache of 10**12 positions, refused as too large for memory.)"""
+    target = random_model(tiny_config(), 0)
+    new_cache = target.new_cache
+    prompts, n_new = [[1, 2, 3], [4]], 6
+    tokens, sizes = {}, {}
+    for gamma in (n_new, 10**12):
+        sizes[gamma] = []  # (rows, positions) of every target cache the run makes
+        monkeypatch.setattr(target, "new_cache", lambda *a, s=sizes[gamma], **k: s.append(a[:2]) or new_cache(*a, **k))
+        out = generate_batch(target, prompts, max_new_tokens=n_new, draft=build_draft(kind, target, 0), gamma=gamma,
+                             eos_token_ids=[])
+        tokens[gamma] = [r.tokens for r in out.results]
+    assert tokens[10**12] == tokens[n_new]
+    assert sizes[10**12] == sizes[n_new] == [(2, 3 + 2 * n_new)]  # longest prompt + max_new_tokens + the padding
+
+
 def test_a_prompt_longer_than_the_model_names_its_row():
     target = random_model(tiny_config(), 0)  # max_position_embeddings 128
     with pytest.raises(CacheOverflowError, match=r"^prompts\[1\]: prompt of 126 tokens \+ max_new_tokens=4"):
