@@ -48,6 +48,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def nonempty(flag: str, what: str, kind: Callable[[str], object] = str) -> Callable[[str], object]:
+    """An argparse type: refuse an empty or blank value (which Path would read as the current folder)."""
+
+    def parse(text: str):
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{flag} = {text!r}; expected {what}")
+        return kind(text)
+
+    return parse
+
+
 def ranged(kind: type, flag: str, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False, hi_open: bool = False) -> Callable[[str], int | float]:
     """An argparse type: parse `kind` (int or float) and check lo <= value <= hi (< with *_open).

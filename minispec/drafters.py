@@ -254,6 +254,9 @@ def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, 
         _check_vocab(spec.config.vocab_size, vocab, "draft model")
         return ModelDrafter(spec, p_min=p_min)
     text = str(spec)
+    if not text.strip():  # Path("") would be the current folder
+        raise MinispecError(f"--draft = {text!r}: empty; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N', "
+                            "'self:bf16' or 'self:int8'")
     kind, _, arg = text.partition(":")
     if kind == "ngram":
         _no_p_min_for_ngram(p_min)

@@ -19,6 +19,7 @@ config, the shard index) and the safetensors weights; never pickles, never code.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -36,6 +37,9 @@ def resolve_checkpoint(spec: str | Path, revision: str | None = None, *, what: s
     `spec` may end in `@revision` (a branch, tag or commit); `revision=` says the same. `what`
     names the flag or argument in error messages.
     """
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():  # Path("") would be the current folder
+        raise CheckpointError(f"{what} = {spec!r}; expected a checkpoint folder, a known name or a hub repo id "
+                              "'owner/name'")
     path = Path(spec)
     if path.is_dir():
         if revision is not None:

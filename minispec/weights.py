@@ -60,7 +60,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from minispec.cli import Parser, run_main
+from minispec.cli import Parser, nonempty, run_main
 from minispec.convert import OUTPUT_DTYPES, convert_gguf
 from minispec.disk import MiB, require_free, write_failure
 from minispec.errors import CheckpointError, MinispecError
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", nargs="?", default=None,
                         help=f"a known checkpoint (default: {DEFAULT_NAME}; --list shows them)")
     parser.add_argument("--list", action="store_true", help="print the known checkpoints (name, size, source) and exit")
-    parser.add_argument("--dest", type=Path, default=None,
+    parser.add_argument("--dest", type=nonempty("--dest", "a folder path", Path), default=None,
                         help="output folder (default: MINISPEC_HOME/<name>; else weights/<name> in a source "
                              "checkout; else the user cache folder)")
     parser.add_argument("--dtype", choices=list(OUTPUT_DTYPES), default=None,

@@ -553,6 +553,13 @@ ROWS: list[Row] = [
     cli("prompt-file-bad-byte-line", f"{G} --prompt-file CKPT/prompts.txt", 2, "line 2", "column 4", "0xe9",
         setup=write("prompts.txt", b"ok\ncaf\xe9\n", "prompts.txt: 'ok', then Latin-1 'café'")),
     cli("prompt-file-a-folder", f"{G} --prompt-file CKPT", 2, "--prompt-file", "a folder"),
+    cli("ckpt-empty", ["--ckpt", "", "--max-new-tokens", "2"], 2, "--ckpt = ''", "a checkpoint folder"),
+    cli("draft-empty", G.split() + ["--draft", ""], 2, "--draft = ''", "ngram"),
+    cli("prompt-file-empty-name", G.split() + ["--prompt-file", ""], 2, "--prompt-file = ''", "a file path"),
+    api("load-model-empty-path", "load_model('')", CheckpointError, "checkpoint = ''", "a checkpoint folder"),
+    api("generate-empty-draft", "generate(model, [1, 2], max_new_tokens=2, draft='')", MinispecError, "--draft = ''",
+        "empty"),
+    cli("weights-dest-empty", ["--dest", ""], 2, "--dest = ''", "a folder path", module="minispec.weights"),
     cli("stop-special-token", f"{G} --prompt hi --stop <|im_end|>", 2, "--stop", "special token"),
     # ---- API mistakes as one line
     api("load-model-int8", "load_model(CKPT, dtype=torch.int8)", CheckpointError, "dtype", "torch.float32"),

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from minispec.cli import Parser, given_flags, ranged
+from minispec.cli import Parser, given_flags, nonempty, ranged
 from minispec.errors import MinispecError
 
 # The CLI imports torch (and everything that imports it) inside the functions that need it, so
@@ -122,6 +122,7 @@ def build_parser() -> Parser:
     p = Parser(prog=PROG, description="Generate text with a Llama/Qwen checkpoint, plainly or by draft-then-verify.",
                epilog=EQUIVALENTS)
     p.add_argument("--ckpt", default=None,
+                   type=nonempty("--ckpt", "a checkpoint folder, a known name or a hub repo id 'owner/name'"),
                    help="a Hugging Face checkpoint folder, a known name (qwen2.5-coder-1.5b-instruct, ...: "
                         "python -m minispec.weights --list; fetched and converted on first use) or a hub repo id "
                         "'owner/name[@revision]' (fetched into the hub cache; HF_HUB_OFFLINE=1 reads only the cache). "
@@ -130,7 +131,7 @@ def build_parser() -> Parser:
     p.add_argument("--revision", default=None, help="hub revision (branch, tag or commit) of --ckpt")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", default="What is the capital of France?", help="the prompt text")
-    source.add_argument("--prompt-file", type=Path, default=None,
+    source.add_argument("--prompt-file", type=nonempty("--prompt-file", "a file path, or - for stdin", Path), default=None,
                         help="read the prompt from this file ('-': stdin); the whole file is one prompt, or with "
                              "--batch-size one prompt per line")
     mode = p.add_mutually_exclusive_group()
@@ -164,6 +165,8 @@ def build_parser() -> Parser:
                    help="print one JSON object (text, tokens, finish_reason, stats) instead of streaming")
     s = p.add_argument_group("speculative decoding")
     s.add_argument("--draft", default=None,
+                   type=nonempty("--draft", "a checkpoint folder, a known name, a hub repo id, 'ngram[:N]', "
+                                            "'early-exit:N', 'self:bf16' or 'self:int8'"),
                    help="drafter: a checkpoint folder, known name (qwen2.5-coder-0.5b-instruct, ...) or hub repo id, "
                         "'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
     s.add_argument("--policy", default="exact",
