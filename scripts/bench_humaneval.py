@@ -58,6 +58,7 @@ POLICIES = {  # a configuration's kind -> (the policy, the option its value sets
     "exact": ("exact", None), "sampling": ("sampling", None), "block": ("block", None), "typical": ("typical", None),
     "lenience": ("lenience", "beta"), "fly": ("fly", "window_size"), "dropmatch": ("dropmatch-lazy", "p"),
 }
+MAX_GAMMA = 64  # drafts per step: beyond this, a step is longer than most completions' tokens
 CONFIG_HELP = ("target, draft, exact-gG, sampling-gG, block-gG, typical-gG, lenience-B-gG (beta B), fly-W-gG "
                "(window W, vLLM's entropy threshold 0.3 and top-3), dropmatch-P-gG (p P, K = 5), each but the first "
                "two optionally with @ngram (e.g. exact-g5, dropmatch-0.3-g10@ngram)")
@@ -73,6 +74,8 @@ def parse_config(name: str) -> dict:
     if kind is None or (kind[1] is None) != (m.group("value") is None):
         raise MinispecError(f"--configs {name!r}: expected {CONFIG_HELP}")
     policy, option = kind
+    if not 1 <= int(m.group("gamma")) <= MAX_GAMMA:
+        raise MinispecError(f"--configs {name!r}: gamma = {m.group('gamma')}; expected 1 <= gamma <= {MAX_GAMMA}")
     options = {}
     if option == "window_size":
         options[option] = int(float(m.group("value")))

@@ -434,7 +434,10 @@ def run_benchmark(prog: str, argv: Sequence[str] | None, parser: Parser,
     `measure(args, ckpt)` -> the result's entries, finish the record, render the markdown, write
     both to --out and print the markdown. Returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except MinispecError as error:  # raised by a flag's own parser (argparse catches only its own errors)
+        parser.error(str(error))  # one line, exit status 2
     out = out_dir(prog, args.out)
 
     def body() -> int:

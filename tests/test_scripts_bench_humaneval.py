@@ -38,6 +38,23 @@ def test_configuration_names():
             bench_humaneval.parse_config(bad)
     with pytest.raises(MinispecError, match="at least one configuration"):
         bench_humaneval.config_list(" , ")
+    for bad in ("exact-g0", "sampling-g65", "dropmatch-0.3-g100000000@ngram"):
+        with pytest.raises(MinispecError, match=r"gamma = \d+; expected 1 <= gamma <= 64"):
+            bench_humaneval.parse_config(bad)
+
+
+@pytest.mark.parametrize("configs, message", [
+    ("bogus", "--configs 'bogus': expected target, draft"), ("sampling-g0", "gamma = 0"),
+    ("exact-g5,dropmatch-1.5-g5", "p = 1.5"), ("fly-9-g5", "below the gamma"),
+])
+def test_a_bad_configuration_is_one_line_from_the_flags_parser(configs, message, tmp_path, capsys):
+    """parse_config's errors raised inside argparse (which catches only its own) end in one line
+    and exit status 2, not a traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        bench_humaneval.main(["--configs", configs, "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("bench_humaneval: error: ") and message in err[0], err
 
 
 def test_batches_are_the_same_for_every_configuration():
