@@ -576,7 +576,7 @@ ROWS: list[Row] = [
         MinispecError, "check_policy: neutral", "strength"),
     api("check-policy-unknown-base",
         "minispec.testing.check_policy(acceptance.Lenience, neutral={'beta': 1.0}, base='greedy', progress=False)",
-        MinispecError, "check_policy: base", "'greedy'"),
+        MinispecError, "check_policy: base = 'greedy'", "available()"),
     api("check-policy-base-without-neutral",
         "minispec.testing.check_policy(acceptance.Lenience, base='sampling', progress=False)",
         MinispecError, "check_policy", "neutral="),

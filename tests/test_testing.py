@@ -54,7 +54,7 @@ def test_typical_passes_the_generic_checks():
 @pytest.mark.parametrize("kwargs, words", [
     (dict(neutral={"strength": 1.0}), ["check_policy: neutral = {'strength': 1.0}", "policy_factory(**neutral) failed", "'strength'"]),
     (dict(neutral=[("beta", 1.0)]), ["check_policy: neutral = [('beta', 1.0)]", "expected a dict"]),
-    (dict(neutral={"beta": 1.0}, base="greedy"), ["check_policy: base", "'greedy'", "unknown acceptance policy"]),
+    (dict(neutral={"beta": 1.0}, base="greedy"), ["check_policy: base = 'greedy'", "not a registered acceptance policy", "available()"]),
     (dict(neutral={"beta": 1.0}, neutral_temperatures=(1.0, -1.0)), ["neutral_temperatures", "temperature = -1.0"]),
     (dict(neutral={"beta": 1.0}, neutral_temperatures=()), ["neutral_temperatures = ()", "non-empty"]),
     (dict(base="sampling"), ["base = 'sampling'", "neutral="]),

@@ -154,8 +154,9 @@ def check_neutral_arguments(policy_factory: Callable[..., AcceptancePolicy], neu
                             "it reduces to base, e.g. {'beta': 1.0}")
     try:
         get(base)
-    except MinispecError as error:
-        raise MinispecError(f"check_policy: base: {error}") from None
+    except MinispecError:  # not get's own line: the registry grows with the policies a suite registers
+        raise MinispecError(f"check_policy: base = {base!r}: not a registered acceptance policy; expected a name "
+                            "that minispec.acceptance.available() lists, e.g. 'exact' or 'sampling'") from None
     if not isinstance(neutral_temperatures, (tuple, list)) or not neutral_temperatures:
         raise MinispecError(f"check_policy: neutral_temperatures = {neutral_temperatures!r}; expected a non-empty "
                             "tuple of temperatures, e.g. (0.0,) or (0.0, 1.0)")
