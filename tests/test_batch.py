@@ -289,8 +289,7 @@ def test_generate_refuses_what_a_batch_cannot_do():
 @pytest.mark.parametrize("kind", ["ngram", "random"])
 def test_a_gamma_beyond_max_new_tokens_allocates_no_more_and_decodes_the_same(kind, monkeypatch):
     """No draft is longer than max_new_tokens - 1, so gamma = 10**12 decodes exactly as gamma =
-    max_new_tokens, with a cache of the same size: the size a user gives is bounded by the work.
-    (Before: a cache of 10**12 positions, refused as too large for memory.)"""
+    max_new_tokens, with a cache of the same size: the size a user gives is bounded by the work."""
     target = random_model(tiny_config(), 0)
     new_cache = target.new_cache
     prompts, n_new = [[1, 2, 3], [4]], 6
