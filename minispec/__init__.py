@@ -1,44 +1,45 @@
 """minispec: a minimal, property-tested PyTorch reference for speculative decoding.
 
-Reading guide: three chapters, each read after what it depends on; each file one concept, its
-docstring gives the math.
+Reading guide: three chapters, each a folder read after what it depends on; each file one concept,
+its docstring gives the math.
 
-Chapter 1, the chain: the loop, and everything the other chapters build on
-  speculative.py        the loop: prefill, draft, verify gamma+1 rows, decide, roll back
-  loop.py, stats.py     what every loop shares (results, checks, commit); tau and the rest, defined once
-  acceptance/           base.py: what a policy sees and returns; exact.py, sampling.py, block.py
-                        (block verification, and traversal's chain form), typical.py, lenience.py,
-                        fly.py, dropmatch.py (Algorithm 1 as written), dropmatch_lazy.py (its shortcuts)
-  drafters.py           the drafter interface and its kinds; draft_length.py: how many to draft
-  model.py, kv_cache.py the Llama / Qwen2 / Qwen3 transformer, and the cache that rolls back
-  config.py, checkpoint.py, tokenizer.py, sampling.py   a Hugging Face folder in, logits to p and q
-  memory.py             what the machine can hold: every size checked before it is allocated
-Chapter 2, trees (after chapter 1): one pass scores every branch
-  tree.py               a draft tree: parents, depths, positions and the ancestors-only mask
-  tree_drafters.py      n-gram and model trees (static, or EAGLE-2's dynamic); TreeSpec
-  tree_speculative.py   the loop over trees
-  acceptance/trees.py   each policy as a walk down the tree, in a registry a policy can join
-Chapter 3, batches (after chapter 1): several prompts, each row exactly as if alone
-  ragged_cache.py       one cache, a length, positions and a mask per row
-  batch_drafters.py     drafting for every row at once
-  batch.py              the loop over a batch
-Above the chapters: decode.py (generate, the front door that hands off to a chapter),
-generate/ (the CLI: flags.py, run.py, printing.py; trace.py prints --trace) and testing/ (the
+Chapter 1, the chain (chain/): draft, verify gamma+1 rows in one pass, decide, roll back
+  chain/speculative.py    the loop, generate_chain: read it first
+  chain/loop.py, stats.py what every loop shares (results, checks, commit); tau and the rest, defined once
+  chain/drafters.py       the drafter interface and its kinds; draft_length.py: how many to draft
+  acceptance/             base.py: what a policy sees and returns; one rule per file: exact.py,
+                          sampling.py, block.py (and traversal's chain form), typical.py, lenience.py,
+                          fly.py, dropmatch/ (rule.py: Algorithm 1 as written; lazy.py: its shortcuts)
+  model/                  transformer.py and kv_cache.py (the cache that rolls back), config.py,
+                          memory.py (every size checked before it is allocated), sampling.py (p and q)
+Chapter 2, trees (trees/, after chapter 1): one pass scores every branch
+  trees/tree.py           a draft tree: parents, depths, positions and the ancestors-only mask
+  trees/drafters.py       n-gram and model trees (static, or EAGLE-2's dynamic); TreeSpec
+  trees/walks.py          each policy as a walk down the tree, in a registry a policy can join
+  trees/speculative.py    the loop over trees, generate_tree
+Chapter 3, batches (batch/, after chapter 1): several prompts, each row exactly as if alone
+  batch/ragged_cache.py   one cache, a length, positions and a mask per row
+  batch/drafters.py       drafting for every row at once
+  batch/speculative.py    the loop over a batch, generate_batch
+Above the chapters: decode.py (minispec.generate, the front door that hands a call to a chapter's
+loop), generate/ (the command line: flags.py, run.py, printing.py, trace.py) and testing/ (the
 invariants as a library: check_policy, check_cache, watch_caches).
-
-Beside the reading path: kernels/ (the same model made fast on CPU, one call away:
-kernels.apply(model, "fast")), weights.py (fetch + convert the default checkpoint), hub.py (hub
-repo ids), and the benchmarks in scripts/.
+Beside them, the wings: checkpoints/ (a name, folder or hub id to a model and tokenizer; fetch and
+convert GGUF files), kernels/ (the same model made fast on CPU: kernels.apply(model, "fast")).
 """
 
 from importlib import import_module
+from types import ModuleType
+import sys
 
 # The names below load on first use (PEP 562), so that `import minispec.errors` or the CLI's first
 # lines do not wait for torch.
-_LAZY = {"load_model": "minispec.checkpoint", "ModelConfig": "minispec.config", "KVCache": "minispec.kv_cache",
-         "Transformer": "minispec.model", "load_tokenizer": "minispec.tokenizer",
-         "RaggedKVCache": "minispec.ragged_cache", "generate_batch": "minispec.batch",
-         "generate_tree": "minispec.tree_speculative"}
+_LAZY = {"load_model": "minispec.checkpoints.load", "load_tokenizer": "minispec.checkpoints.tokenizer",
+         "ensure_default_checkpoint": "minispec.checkpoints.fetch", "ModelConfig": "minispec.model.config",
+         "Transformer": "minispec.model.transformer", "KVCache": "minispec.model.kv_cache",
+         "make_drafter": "minispec.chain.drafters", "generate_chain": "minispec.chain.speculative",
+         "generate_tree": "minispec.trees.speculative", "RaggedKVCache": "minispec.batch.ragged_cache",
+         "generate_batch": "minispec.batch.speculative"}
 from minispec.errors import MinispecError  # noqa: E402 (no torch)
 
 
@@ -50,6 +51,27 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'minispec' has no attribute {name!r}")
 
 
-__all__ = ["load_model", "load_tokenizer", "ModelConfig", "KVCache", "RaggedKVCache", "Transformer", "generate_batch",
-           "generate_tree", "MinispecError"]
+class _Package(ModuleType):
+    """`minispec.generate` is the front door (minispec.decode.generate), loaded on first use.
+
+    The command line is the package minispec.generate (`python -m minispec.generate`); importing it
+    makes Python bind the package to the name `generate` here. The setter keeps the name the function,
+    so `minispec.generate(...)` decodes whichever was imported first.
+    """
+
+    @property
+    def generate(self):
+        return import_module("minispec.decode").generate
+
+    @generate.setter
+    def generate(self, value):
+        if not (isinstance(value, ModuleType) and value.__name__ == "minispec.generate"):
+            raise AttributeError("minispec.generate is the front door and cannot be rebound")
+
+
+sys.modules[__name__].__class__ = _Package
+
+__all__ = ["generate", "load_model", "load_tokenizer", "ensure_default_checkpoint", "make_drafter", "ModelConfig",
+           "Transformer", "KVCache", "RaggedKVCache", "generate_chain", "generate_tree", "generate_batch",
+           "MinispecError"]
 __version__ = "0.1.0"

@@ -1,11 +1,11 @@
 """The front door: one `generate` for every chapter, handing each call to the loop it belongs to.
 
     generate(target, prompt_ids, **options)              one prompt, a chain or plain decoding:
-                                                          minispec.speculative.generate
+                                                          minispec.chain.speculative.generate_chain
     generate(target, prompt_ids, tree=..., **options)    one prompt, draft trees:
-                                                          minispec.tree_speculative.generate_tree
+                                                          minispec.trees.speculative.generate_tree
     generate(target, [prompt, ...], **options)           several prompts (or a 2-D tensor):
-                                                          minispec.batch.generate_batch
+                                                          minispec.batch.speculative.generate_batch
 
 The options are the chain's (draft, policy, gamma, draft_length, temperature, top_k, top_p,
 seed, eos_token_ids, on_tokens, on_step, stop_when), each chapter adding its own (tree's shape;
@@ -15,13 +15,15 @@ a chapter cannot apply is a one-line error there.
 
 from __future__ import annotations
 
-from minispec import batch, speculative, tree_speculative
+from minispec.batch.speculative import generate_batch, is_batch
+from minispec.chain.speculative import generate_chain
+from minispec.trees.speculative import generate_tree
 
 
 def generate(target, prompt_ids, *, tree=None, **options):
     """Decode `prompt_ids` with `target`: a GenerationResult for one prompt, a BatchResult for several."""
-    if batch.is_batch(prompt_ids):
-        return batch.generate_batch(target, prompt_ids, tree=tree, **options)
+    if is_batch(prompt_ids):
+        return generate_batch(target, prompt_ids, tree=tree, **options)
     if tree is not None:
-        return tree_speculative.generate_tree(target, prompt_ids, tree=tree, **options)
-    return speculative.generate(target, prompt_ids, **options)
+        return generate_tree(target, prompt_ids, tree=tree, **options)
+    return generate_chain(target, prompt_ids, **options)

@@ -11,7 +11,7 @@ docs/bad_inputs.md shows what each kind of bad input gives.
 class MinispecError(Exception):
     """Base for user-facing errors: the message is one line that names the file, field or flag and what was expected.
 
-    With several prompts (minispec.batch), an error about one of them says which: `prompt_index`
+    With several prompts (minispec.batch.speculative), an error about one of them says which: `prompt_index`
     (from 0; None for an error about no one prompt) and `reason`, the message without the
     `prompts[i]: ` in front, so that a caller can name the prompt its own way (the CLI: a line of
     --prompt-file) without reading the message.

@@ -59,7 +59,7 @@ DEFAULT_SETS = ("summarization", "rag")
 
 @dataclass(frozen=True)
 class Config:
-    draft: str | None = None  # a drafter spec (minispec.drafters.make_drafter); None: plain decoding
+    draft: str | None = None  # a drafter spec (minispec.chain.drafters.make_drafter); None: plain decoding
     gamma: int | None = None
     policy: str | None = None  # an acceptance policy name
     transformers: bool = False
@@ -154,7 +154,7 @@ def minispec_batch(target, drafters: dict, config: Config, prompts: list[list[in
                    dropout_p: float) -> dict:
     """generate_batch for one configuration: every row's tokens and the batch's stats."""
     from minispec import acceptance
-    from minispec.batch import generate_batch
+    from minispec.batch.speculative import generate_batch
 
     options = {}
     if config.draft is not None:
@@ -241,7 +241,7 @@ def pass_costs(target, batch_sizes, widths, context: int, reps: int = 10) -> lis
     """ms of one target pass of [B, k] new tokens (blocks + the LM head on all B*k rows, as a
     verify scores them) with every row holding `context` positions; the cache is rolled back after
     each pass. The cached keys are zeros: what they hold does not change the cost."""
-    from minispec.ragged_cache import RaggedKVCache
+    from minispec.batch.ragged_cache import RaggedKVCache
 
     rows = []
     with torch.inference_mode():

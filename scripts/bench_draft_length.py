@@ -8,7 +8,7 @@ Per prompt, in turn (so a drift in the machine's speed hits every configuration 
 
     plain                      plain greedy decoding: the baseline of every ratio
     <drafter> fixed gN         gamma N every step, for each N in --gammas
-    <drafter> heuristic g<=M   minispec.draft_length.Heuristic capped at M = max(--gammas)
+    <drafter> heuristic g<=M   minispec.chain.draft_length.Heuristic capped at M = max(--gammas)
     self:bf16 fixed gM p>=P    a fixed M with the model drafter's cut-off p_min = P, each P in --p-mins
                                (the n-gram drafter has no probabilities: schedules only)
 
@@ -45,7 +45,7 @@ DEFAULT_SETS = ("mt_bench", "summarization", "qa", "rag")
 @dataclass(frozen=True)
 class Config:
     drafter: str | None  # None: plain decoding
-    schedule: str = "fixed"  # a minispec.draft_length name
+    schedule: str = "fixed"  # a minispec.chain.draft_length name
     gamma: int | None = None  # the loop's gamma: the most drafted per step
     p_min: float = 0.0  # the model drafter's confidence cut-off (0 = off)
 
@@ -71,7 +71,7 @@ def configs(drafters, gammas, p_mins) -> list[Config]:
 
 def with_p_min(drafter, p_min: float):
     """The same drafter with another cut-off: a ModelDrafter over the same model (n-gram: itself)."""
-    from minispec.drafters import ModelDrafter
+    from minispec.chain.drafters import ModelDrafter
 
     if p_min == 0 or not isinstance(drafter, ModelDrafter):
         return drafter
@@ -82,7 +82,7 @@ def with_p_min(drafter, p_min: float):
 def bench(model, drafters: dict, prompts: dict[str, list[list[int]]], config_list: list[Config],
           max_new_tokens: int, eos: list[int]) -> list[dict]:
     """Every configuration on every prompt, taking turns per prompt: one record each."""
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     records = []
     for set_name, prompt_list in prompts.items():
@@ -176,7 +176,7 @@ def build_parser() -> benchlib.Parser:
 def run(args, ckpt: Path) -> dict:
     """Load the target and drafters on the fast kernels, warm up, then every configuration per prompt."""
     import minispec
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     prompts_per_set, max_new = (1, 32) if args.quick else (args.prompts, args.max_new_tokens)
     tokenizer = minispec.load_tokenizer(ckpt)

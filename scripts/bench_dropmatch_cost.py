@@ -79,7 +79,7 @@ def replay_costs(model, prompts: list[list[int]], gamma: int, max_new_tokens: in
                  p: float = 0.3, paths: int = 5, reps: int = 3) -> list[dict]:
     """One row per variant: DropMatch's extra time per verify step on the recorded steps of
     exact-policy n-gram runs over `prompts` (module docstring)."""
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     names = ["exact", *VARIANTS]
     totals = dict.fromkeys(names, 0.0)

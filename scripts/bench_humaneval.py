@@ -103,7 +103,7 @@ def config_list(text: str) -> tuple[dict, ...]:
 def decode_batch(models: dict, config: dict, prompts: list[list[int]], args, seed: int, eos: list[int]):
     """One batch of prompts under `config`: its BatchResult."""
     from minispec import acceptance
-    from minispec.batch import generate_batch
+    from minispec.batch.speculative import generate_batch
 
     sampling = dict(max_new_tokens=args.new_tokens, eos_token_ids=eos, temperature=args.temperature, seed=seed)
     if config["policy"] is None:
@@ -123,7 +123,7 @@ def row_record(result) -> dict:
 def load_models(target_dir: Path, draft_dir: Path, dtype: torch.dtype) -> dict:
     import minispec
     from minispec import kernels
-    from minispec.drafters import ModelDrafter
+    from minispec.chain.drafters import ModelDrafter
 
     target = kernels.apply(minispec.load_model(target_dir, dtype=dtype), "fast", checkpoint=target_dir)
     draft = kernels.apply(minispec.load_model(draft_dir, dtype=dtype), "fast", checkpoint=draft_dir)
@@ -143,7 +143,7 @@ def batches_of(chosen: list[dict], size: int) -> list[list[dict]]:
 
 
 def measure(args, ckpt) -> dict:
-    from minispec.hub import resolve_checkpoint
+    from minispec.checkpoints.hub import resolve_checkpoint
 
     out = benchlib.out_dir(PROG, args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -60,9 +60,9 @@ def child(ckpt: str, dtype_name: str, kernels: str, ids: list[int], new_tokens: 
     """Run in a fresh process: the peak RSS rise of loading + generating (module docstring)."""
     import minispec
     from minispec import kernels as kernel_kinds
-    from minispec.drafters import make_drafter
-    from minispec.model import Transformer
-    from minispec.speculative import generate
+    from minispec.chain.drafters import make_drafter
+    from minispec.model.transformer import Transformer
+    from minispec.chain.speculative import generate_chain as generate
     from minispec.testing import random_model, tiny_config
 
     with torch.inference_mode():  # 1. the baseline: every code path has run once on something tiny

@@ -98,9 +98,9 @@ def load_all(folders: dict[str, Path]) -> dict:
     """Every model the configurations use, each rewritten once for its kind."""
     import minispec
     from minispec import kernels
-    from minispec.drafters import ModelDrafter, make_drafter
+    from minispec.chain.drafters import ModelDrafter, make_drafter
     from minispec.kernels import frequent_head
-    from minispec.tokenizer import load_tokenizer
+    from minispec.checkpoints.tokenizer import load_tokenizer
 
     bf16 = torch.bfloat16
     tokenizer = load_tokenizer(folders[TARGET])
@@ -140,7 +140,7 @@ def step_bytes(folders: dict[str, Path]) -> dict[str, int]:
 
 def run_minispec(loaded: dict, name: str, ids: list[int], n: int, eos: list[int]) -> dict:
     from minispec.decode import generate
-    from minispec.tree_drafters import TreeSpec
+    from minispec.trees.drafters import TreeSpec
 
     kind, drafter, gamma, extra = MINISPEC[name]
     options = {}
@@ -197,15 +197,15 @@ def run_llama_bench(bin_dir: Path, gguf: Path, n: int, repack: bool) -> float | 
 
 
 def measure(args, _ckpt) -> dict:
-    from minispec.known import KNOWN
-    from minispec.weights import ensure_checkpoint, fetch_gguf
+    from minispec.checkpoints.known import KNOWN
+    from minispec.checkpoints.fetch import ensure_checkpoint, fetch_gguf
 
     folders = {name: ensure_checkpoint(name) for name in (TARGET, DRAFT)}
     out = benchlib.out_dir(PROG, args.out)
     out.mkdir(parents=True, exist_ok=True)
     records_file = out / "records.jsonl"
     done = benchlib.read_records(records_file, lambda r: (r["prompt"], r["config"]))
-    from minispec.tokenizer import load_tokenizer
+    from minispec.checkpoints.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(folders[TARGET])
     eos = tokenizer.eos_token_ids

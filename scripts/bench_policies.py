@@ -161,7 +161,7 @@ def run_one(rt: Runtime, args: Args, config: Config, prompt: benchlib.Prompt, te
                                                seed=args.seed, prompt_lookup=config.gamma)
         return dict(tokens=tokens, num_prompt_tokens=len(prompt.ids), num_generated_tokens=len(tokens),
                     total_seconds=seconds, tokens_per_second=ratio(len(tokens), seconds))
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     draft = None if config.drafter is None else rt.drafters[config.drafter]
     policy = "exact" if config.policy is None else make_policy(config, args)

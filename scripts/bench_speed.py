@@ -83,7 +83,7 @@ def plain_run(system: str, model, ids: list[int], new_tokens: int, eos: list[int
     if system == "transformers":
         tokens, seconds = benchlib.hf_generate(model, ids, new_tokens, eos)
         return {"tokens": tokens, "seconds": seconds, "decode_tps": None}
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     result = generate(model, ids, max_new_tokens=new_tokens, eos_token_ids=eos)
     s = result.stats
@@ -159,7 +159,7 @@ def bench_speculative(targets: dict, prompts: dict[str, list[list[int]]], gammas
                       eos: list[int], hf) -> list[dict]:
     """Per prompt: each minispec system's plain decoding and its drafters at each gamma (exact
     policy, T = 0); transformers' plain and prompt-lookup generation."""
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     records = []
     for set_name, prompt_list in prompts.items():

@@ -5,11 +5,11 @@
                                        [--rules sampling,traversal,typical,dropmatch:0.3] [--chain sampling,block]
                                        [--temperature 1] [--seeds 0,1] [--max-new-tokens 64]
 
-Per prompt and seed, every rule walks the same kind of tree (minispec.tree_speculative.generate_tree:
+Per prompt and seed, every rule walks the same kind of tree (minispec.trees.speculative.generate_tree:
 a static tree of --branching children per depth, cut to --budget nodes, --gamma deep, drafted by
 --draft), and every --chain rule decodes a chain of gamma = --gamma drafts with the same drafter
-(minispec.speculative.generate): a chain of gamma drafts costs gamma + 1 verify rows, a tree
-budget + 1. Rules with a tree walk (minispec.acceptance.trees.walk_names()):
+(minispec.chain.speculative.generate_chain): a chain of gamma drafts costs gamma + 1 verify rows, a tree
+budget + 1. Rules with a tree walk (minispec.trees.walks.walk_names()):
 
     sampling      multi-draft speculative sampling (recursive rejection over siblings): lossless
     traversal     traversal verification (leaf to root, sequence-level): lossless, never fewer
@@ -88,8 +88,8 @@ def rows_of(args) -> list[dict]:
 
 def decode(model, drafter, tree_drafter, row: dict, prompt, args, seed: int, eos: list[int]):
     from minispec import acceptance
-    from minispec.speculative import generate
-    from minispec.tree_speculative import generate_tree
+    from minispec.chain.speculative import generate_chain as generate
+    from minispec.trees.speculative import generate_tree
 
     policy = acceptance.get(row["policy"], **row["options"])
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=seed, eos_token_ids=eos,
@@ -102,8 +102,8 @@ def decode(model, drafter, tree_drafter, row: dict, prompt, args, seed: int, eos
 def measure(args, ckpt: Path) -> dict:
     import minispec
     from minispec import kernels
-    from minispec.drafters import make_drafter
-    from minispec.tree_drafters import TreeSpec, make_tree_drafter
+    from minispec.chain.drafters import make_drafter
+    from minispec.trees.drafters import TreeSpec, make_tree_drafter
 
     out = benchlib.out_dir(PROG, args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def measure(args, ckpt: Path) -> dict:
     model = kernels.apply(minispec.load_model(ckpt, dtype=torch.float32), "fast", checkpoint=ckpt)
     spec = args.draft
     if not spec.startswith(("early-exit:", "self:", "ngram")):
-        from minispec.hub import resolve_checkpoint
+        from minispec.checkpoints.hub import resolve_checkpoint
 
         spec = minispec.load_model(resolve_checkpoint(spec, what="--draft"), dtype=torch.float32)
     drafter = make_drafter(spec, model)  # a chain drafter (early exit shares the target's layers)

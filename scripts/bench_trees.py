@@ -8,7 +8,7 @@ default: chains and trees alike on minispec.kernels' packed weights). A verify b
 B + 1 target rows per step: a chain drafts gamma = B tokens, a tree B nodes. Per prompt, in turn:
 
     plain                        plain greedy decoding: the baseline of every speed ratio and of "= plain"
-    chain early-exit:L gG        speculative.generate, exact policy, gamma G (every budget, and --chain-gammas)
+    chain early-exit:L gG        speculative.generate_chain, exact policy, gamma G (every budget, and --chain-gammas)
     tree  early-exit:L SHAPE B   tree_speculative.generate_tree, greedy walk, B nodes, depth --depth
     chain ngram gB, tree ngram B the n-gram drafters (chain: the last match; tree: every earlier match, one trie)
 
@@ -122,7 +122,7 @@ def render(result: dict) -> str:
 
 
 def make_drafter(model, layer: int, shape: dict):
-    from minispec.tree_drafters import ModelTreeDrafter
+    from minispec.trees.drafters import ModelTreeDrafter
 
     return ModelTreeDrafter(model, num_layers=layer, branching=shape["branching"], width=shape["width"])
 
@@ -131,9 +131,9 @@ def measure(args, ckpt) -> dict:
     import minispec
     from minispec import kernels
     from minispec.acceptance import DropMatch
-    from minispec.speculative import generate
-    from minispec.tree_drafters import NgramTreeDrafter
-    from minispec.tree_speculative import generate_tree
+    from minispec.chain.speculative import generate_chain as generate
+    from minispec.trees.drafters import NgramTreeDrafter
+    from minispec.trees.speculative import generate_tree
 
     skip = set(args.skip or ())
     model = minispec.load_model(ckpt, dtype=torch.float32)

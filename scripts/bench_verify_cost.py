@@ -63,8 +63,8 @@ def pass_costs(model, context_ids: list[int], rows=(1, 2, 3, 4, 6, 9), reps: int
 
 def ngram_draft_ms(context_ids: list[int], gamma: int, vocab_size: int, reps: int = 25) -> float:
     """Median ms of one n-gram proposal (the lookup plus its one-hot q rows) on `context_ids`."""
-    from minispec.drafters import NgramDrafter
-    from minispec.sampling import SamplingParams
+    from minispec.chain.drafters import NgramDrafter
+    from minispec.model.sampling import SamplingParams
 
     drafter = NgramDrafter(vocab_size=vocab_size)
     return 1000 * benchlib.timed(lambda: drafter.propose(context_ids, gamma, SamplingParams(0.0), None), reps)

@@ -324,17 +324,17 @@ DTYPES = ("float32", "bfloat16")
 
 def checkpoint(path: Path | None) -> Path:
     """--ckpt (a folder, or a known name: fetched and converted on first use), or the default checkpoint."""
-    from minispec.known import is_known
+    from minispec.checkpoints.known import is_known
 
     if path is not None and is_known(str(path)):
-        from minispec.weights import ensure_checkpoint
+        from minispec.checkpoints.fetch import ensure_checkpoint
 
         return ensure_checkpoint(str(path))
     if path is not None:
         if not (Path(path) / "config.json").is_file():
             raise MinispecError(f"--ckpt {path}: no config.json there; expected a checkpoint folder")
         return Path(path)
-    from minispec.weights import ensure_default_checkpoint
+    from minispec.checkpoints.fetch import ensure_default_checkpoint
 
     return ensure_default_checkpoint()
 
@@ -358,7 +358,7 @@ def load_minispec(ckpt: Path, dtype: torch.dtype, kernels: str, drafters: Sequen
     """
     import minispec
     from minispec import kernels as kernel_kinds
-    from minispec.drafters import make_drafter
+    from minispec.chain.drafters import make_drafter
 
     model = minispec.load_model(ckpt, dtype=dtype)
     built = {}

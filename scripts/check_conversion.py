@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from minispec.cli import Parser  # noqa: E402
-from minispec.weights import default_checkpoint_dir, ensure_default_checkpoint, fetch_gguf  # noqa: E402
+from minispec.checkpoints.fetch import default_checkpoint_dir, ensure_default_checkpoint, fetch_gguf  # noqa: E402
 
 PASSAGE = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named "

@@ -7,7 +7,7 @@ positions DropMatch judges; the same cached continuations as scripts/dropmatch_r
 on random tiny models of several widths d (random tokens through a random 2-layer model). For
 each, at every p of --ps and K of --paths:
 
-    estimates  minispec.acceptance.dropmatch_calibrate.EstimatedAgreement: first order and Gaussian
+    estimates  minispec.acceptance.dropmatch.calibrate.EstimatedAgreement: first order and Gaussian
     measured   MeasuredAgreement: K Monte Carlo masks per position (common random numbers)
 
 and the p each picks for the agreement levels of --levels (bisection), with the measured
@@ -25,7 +25,7 @@ from dropmatch_replay import continuations, or_none, set_counts
 
 import torch  # noqa: E402
 
-from minispec.acceptance.dropmatch_calibrate import EstimatedAgreement, MeasuredAgreement, calibrate_p  # noqa: E402
+from minispec.acceptance.dropmatch.calibrate import EstimatedAgreement, MeasuredAgreement, calibrate_p  # noqa: E402
 from minispec.cli import ranged  # noqa: E402
 
 PROG = "dropmatch_calibration"
@@ -52,7 +52,7 @@ def curves(hidden: torch.Tensor, weight: torch.Tensor, head, ps, paths, levels, 
 
 def random_rows(width: int, vocab: int, positions: int, seed: int) -> tuple[torch.Tensor, torch.nn.Module]:
     """LM-head inputs of a random 2-layer model of hidden size `width` over random tokens."""
-    from minispec.config import ModelConfig
+    from minispec.model.config import ModelConfig
     from minispec.testing import random_model
 
     heads = max(1, width // 64)

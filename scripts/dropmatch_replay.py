@@ -50,11 +50,11 @@ from benchlib import fmt, md_table
 import torch  # noqa: E402
 
 from minispec.acceptance.base import VerifyInput  # noqa: E402
-from minispec.acceptance.dropmatch import CRITERIA, DropMatch, js_divergence, vote_acceptances  # noqa: E402
+from minispec.acceptance.dropmatch.rule import CRITERIA, DropMatch, js_divergence, vote_acceptances  # noqa: E402
 from minispec.acceptance.sampling import sample_acceptances  # noqa: E402
 from minispec.cli import ranged  # noqa: E402
 from minispec.errors import MinispecError  # noqa: E402
-from minispec.sampling import SamplingParams, greedy_token, logits_to_probs  # noqa: E402
+from minispec.model.sampling import SamplingParams, greedy_token, logits_to_probs  # noqa: E402
 
 PROG = "dropmatch_replay"
 
@@ -101,7 +101,7 @@ def _upcast(logits: torch.Tensor) -> torch.Tensor:
 def ngram_drafts(rec: Recording, max_ngram: int = 3) -> torch.Tensor:
     """The n-gram drafter's proposal at every row (its first draft token given the text so far),
     or -1 where it finds no match: [n]."""
-    from minispec.drafters import NgramDrafter
+    from minispec.chain.drafters import NgramDrafter
 
     lookup = NgramDrafter(max_ngram).lookup
     return torch.tensor([(lookup(rec.ids[:rec.start + 1 + j], 1) or [-1])[0] for j in range(len(rec.next_tokens))],
@@ -340,7 +340,7 @@ def continuations(model, prompts, max_new_tokens: int, eos: list[int], cache_dir
     each row is what it would be alone), cached on disk per prompt: <cache_dir>/greedy-<key>.json
     maps each prompt's ids to its continuation, one file per (max_new_tokens, eos, checkpoint: its
     path and the size and time of its files)."""
-    from minispec.batch import generate_batch
+    from minispec.batch.speculative import generate_batch
 
     key = hashlib.sha256(json.dumps([max_new_tokens, eos, _checkpoint_key(ckpt)]).encode()).hexdigest()[:16]
     path = cache_dir / f"greedy-{key}.json"
@@ -413,7 +413,7 @@ def pooled_rows(args, ckpt, model, prompts, texts) -> tuple[torch.Tensor, torch.
     each drafter's proposals. Cached on disk (out/dropmatch/rows-<key>.pt) by the texts, the
     drafters and the checkpoint: a sweep over other settings starts from the cache."""
     import minispec
-    from minispec.drafters import make_drafter
+    from minispec.chain.drafters import make_drafter
 
     draft_dirs = {f"model:{Path(d).name}": d for d in map(resolve_draft, args.draft_models)}
     key = hashlib.sha256(json.dumps([[p.ids for p in prompts], texts, list(args.exit_layers), list(args.self_drafts),
@@ -460,14 +460,14 @@ def pooled_rows(args, ckpt, model, prompts, texts) -> tuple[torch.Tensor, torch.
 
 def resolve_draft(spec: str):
     """A --draft-models entry: a checkpoint folder or a known name (fetched on first use)."""
-    from minispec.hub import resolve_checkpoint
+    from minispec.checkpoints.hub import resolve_checkpoint
 
     return resolve_checkpoint(spec, what="--draft-models")
 
 
 def check_draft_vocabulary(folder, target) -> None:
     """A separate draft must have the target's vocabulary (read from its config, before any work)."""
-    from minispec.config import ModelConfig
+    from minispec.model.config import ModelConfig
 
     vocab = ModelConfig.from_hf(json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))).vocab_size
     if vocab != target.config.vocab_size:

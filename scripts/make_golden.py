@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from minispec import load_tokenizer
-    from minispec.weights import ensure_default_checkpoint
+    from minispec.checkpoints.fetch import ensure_default_checkpoint
 
     parser = Parser(prog="make_golden", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt", type=Path, default=None, help="checkpoint folder (if not given: the default one)")

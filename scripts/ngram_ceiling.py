@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
 def table(args) -> int:
     """Print the markdown table described in the module docstring."""
     import minispec
-    from minispec.drafters import NgramDrafter
-    from minispec.speculative import generate
+    from minispec.chain.drafters import NgramDrafter
+    from minispec.chain.speculative import generate_chain as generate
 
     ckpt = benchlib.checkpoint(args.ckpt)
     tokenizer = minispec.load_tokenizer(ckpt)

@@ -65,7 +65,7 @@ from benchlib import fmt, md_table, median
 import torch  # noqa: E402
 
 from minispec.cli import ranged  # noqa: E402
-from minispec.drafters import NgramDrafter  # noqa: E402
+from minispec.chain.drafters import NgramDrafter  # noqa: E402
 
 PROG = "ngram_tree_ceiling"
 AGREEMENT_CAP = 64  # backward agreement is counted up to this many tokens
@@ -308,10 +308,10 @@ def replay(source: Source, run: Run, budget: int, depth: int) -> dict:
 
 @torch.inference_mode()
 def record(model, prompt: list[int], *, max_new_tokens: int, eos: Sequence[int], layer: int, k: int) -> Run:
-    """The greedy continuation (speculative.generate, no draft) and, from one forward over
+    """The greedy continuation (speculative.generate_chain, no draft) and, from one forward over
     prompt + greedy (one more for the early exit), every step's top-k of the target and of the
     first `layer` layers."""
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     greedy = generate(model, prompt, max_new_tokens=max_new_tokens, eos_token_ids=eos).tokens
     ids = torch.tensor([prompt + greedy[:-1]], device=model.device)  # row len(prompt) - 1 + i predicts greedy[i]

@@ -29,7 +29,7 @@ def pytest_configure(config):
 @pytest.fixture(scope="session")
 def real_ckpt():
     """The converted SmolLM2-135M-Instruct folder (fetched and converted on first use)."""
-    from minispec.weights import ensure_default_checkpoint
+    from minispec.checkpoints.fetch import ensure_default_checkpoint
 
     return ensure_default_checkpoint(quiet=True)
 

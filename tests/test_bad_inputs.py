@@ -11,7 +11,7 @@ swapped for buffers), except the rows that need a real process: Ctrl-C and a clo
 
 To add a row, append to ROWS (a `cli(...)` or `api(...)` call), then run
 `python scripts/bad_inputs_doc.py` to regenerate the doc. API rows are evaluated with the names in
-`api_namespace`: model and tok (CKPT loaded), generate (minispec.speculative.generate), torch,
+`api_namespace`: model and tok (CKPT loaded), generate (minispec.chain.speculative.generate_chain), torch,
 minispec, acceptance, SamplingParams, ...
 """
 
@@ -59,7 +59,7 @@ def build_tiny_checkpoint(folder: Path) -> Path:
     from safetensors.torch import save_file
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from minispec.config import ModelConfig
+    from minispec.model.config import ModelConfig
     from minispec.testing import random_model
 
     folder.mkdir(parents=True)
@@ -366,7 +366,7 @@ ROWS: list[Row] = [
         "temperature"),
     # ---- the generation API's own arguments
     api("generate-prompt-3d", "generate(model, torch.tensor([[[1, 2]]]), max_new_tokens=2)", MinispecError,
-        "prompt_ids", "3-D", "1-D"),  # a 2-D tensor is several prompts (minispec.batch)
+        "prompt_ids", "3-D", "1-D"),  # a 2-D tensor is several prompts (minispec.batch.speculative)
     api("generate-batch-prompt-empty", "generate(model, [[1, 2], []], max_new_tokens=2)", MinispecError,
         "prompts[1]", "empty"),
     api("generate-batch-seeds-short", "minispec.generate_batch(model, [[1, 2], [3]], max_new_tokens=2, seed=[1])",
@@ -487,11 +487,11 @@ ROWS: list[Row] = [
     cli("vs-plain-with-batch", f"{B} 2 --draft ngram --json --vs-plain", 2, "--vs-plain", "--batch-size",
         setup=TWO_PROMPTS),
     # ---- the weights command shares the exit path
-    cli("weights-dest-is-a-file", f"--dest CKPT/{WEIGHTS}", 2, f"CKPT/{WEIGHTS}", module="minispec.weights"),
+    cli("weights-dest-is-a-file", f"--dest CKPT/{WEIGHTS}", 2, f"CKPT/{WEIGHTS}", module="minispec.checkpoints.fetch"),
     cli("weights-unknown-name", "qwen-nope", 2, "'qwen-nope': not a known checkpoint", "--list",
-        module="minispec.weights"),
-    cli("weights-list-with-name", "--list qwen2.5-coder-1.5b-instruct", 2, "--list", "NAME", module="minispec.weights"),
-    cli("weights-bad-dtype", "--dtype float16", 2, "--dtype", "float16", module="minispec.weights"),
+        module="minispec.checkpoints.fetch"),
+    cli("weights-list-with-name", "--list qwen2.5-coder-1.5b-instruct", 2, "--list", "NAME", module="minispec.checkpoints.fetch"),
+    cli("weights-bad-dtype", "--dtype float16", 2, "--dtype", "float16", module="minispec.checkpoints.fetch"),
     # ---- Ctrl-C and a closed pipe (a real process each)
     Row("ctrl-c-streaming", tuple(LONG), 130, ("minispec.generate: interrupted",), setup=long_run(),
         run="interrupt-streaming", check=check_streamed_text_kept,
@@ -515,7 +515,7 @@ ROWS: list[Row] = [
         note="runs, as above"),
     cli("tree-budget-beyond-the-branching", f"{G} --draft early-exit:1 --tree 64 --json", 0,
         check=check_budget_of(20), note="runs with 20 nodes per tree: all that branching 4,2,1 can hold"),
-    api("tree-budget-beyond-memory", "minispec.tree_speculative.usable_budget(model, minispec.tree_drafters."
+    api("tree-budget-beyond-memory", "minispec.trees.speculative.usable_budget(model, minispec.trees.drafters."
         "NgramTreeDrafter(), 10**12, 5, 10**12)", MinispecError, "--tree", "GiB", "available"),
     cli("tree-branching-beyond-the-vocabulary", f"{G} --draft early-exit:1 --tree 8 --branching 100000 --json", 0,
         check=check_finished, note="runs: a node never gets more children than the budget can keep"),
@@ -530,7 +530,7 @@ ROWS: list[Row] = [
     cli("ngram-tree-branching", f"{G} --draft ngram --tree 8 --branching 2", 2, "--branching", "n-gram"),
     cli("ngram-tree-width", f"{G} --draft ngram --tree 8 --tree-width 2", 2, "--tree-width", "n-gram"),
     api("tree-shape-with-a-drafter-object",
-        "minispec.tree_speculative.generate_tree(model, [1, 2], max_new_tokens=2, draft=minispec.tree_drafters."
+        "minispec.trees.speculative.generate_tree(model, [1, 2], max_new_tokens=2, draft=minispec.trees.drafters."
         "NgramTreeDrafter(), tree=TreeSpec(8, branching=(2,)))", MinispecError, "own shape"),
     api("top-k-at-temperature-0", "generate(model, [1, 2], max_new_tokens=2, top_k=5)", MinispecError, "top_k",
         "temperature 0"),
@@ -559,7 +559,7 @@ ROWS: list[Row] = [
     api("load-model-empty-path", "load_model('')", CheckpointError, "checkpoint = ''", "a checkpoint folder"),
     api("generate-empty-draft", "generate(model, [1, 2], max_new_tokens=2, draft='')", MinispecError, "--draft = ''",
         "empty"),
-    cli("weights-dest-empty", ["--dest", ""], 2, "--dest = ''", "a folder path", module="minispec.weights"),
+    cli("weights-dest-empty", ["--dest", ""], 2, "--dest = ''", "a folder path", module="minispec.checkpoints.fetch"),
     cli("stop-special-token", f"{G} --prompt hi --stop <|im_end|>", 2, "--stop", "special token"),
     # ---- API mistakes as one line
     api("load-model-int8", "load_model(CKPT, dtype=torch.int8)", CheckpointError, "dtype", "torch.float32"),
@@ -599,12 +599,12 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
     """What API rows can name. model and tok load CKPT when first used (a row may have broken it)."""
     import minispec
     from minispec import acceptance, load_model, load_tokenizer
-    from minispec.config import ModelConfig
-    from minispec.drafters import NgramDrafter
-    from minispec.sampling import SamplingParams
+    from minispec.model.config import ModelConfig
+    from minispec.chain.drafters import NgramDrafter
+    from minispec.model.sampling import SamplingParams
     from minispec.decode import generate
-    from minispec.tree_drafters import TreeSpec
-    from minispec.convert import convert_gguf
+    from minispec.trees.drafters import TreeSpec
+    from minispec.checkpoints.convert import convert_gguf
 
     class Namespace(dict):
         def __missing__(self, name):
@@ -791,7 +791,7 @@ def doc_row(row: Row, outcome: Outcome) -> str:
 DOC_FOOTER = """
 ## Faults the converter survives
 
-`python -m minispec.weights` and the default checkpoint's first use (minispec/weights.py). These
+`python -m minispec.weights` and the default checkpoint's first use (minispec/checkpoints/fetch.py). These
 need real processes, kills and permissions, so they are tested in `tests/test_weights_faults.py`
 and `tests/test_weights.py` rather than in the table:
 

@@ -1,4 +1,4 @@
-"""Batched decoding (minispec.batch, minispec.ragged_cache) on random tiny models, float64.
+"""Batched decoding (minispec.batch.speculative, minispec.batch.ragged_cache) on random tiny models, float64.
 
 The one property behind all of them: a row of a batch is decoded exactly as its prompt would be
 alone. Greedy rows must equal plain greedy decoding of each prompt; sampled rows must equal the
@@ -14,11 +14,11 @@ from hypothesis import given, settings, strategies as st
 
 from minispec import acceptance
 from minispec.acceptance.base import AcceptancePolicy, Decision
-from minispec.batch import generate_batch
-from minispec.draft_length import DraftLength
-from minispec.drafters import ModelDrafter
+from minispec.batch.speculative import generate_batch
+from minispec.chain.draft_length import DraftLength
+from minispec.chain.drafters import ModelDrafter
 from minispec.errors import CacheOverflowError, MinispecError
-from minispec.sampling import SamplingParams
+from minispec.model.sampling import SamplingParams
 from minispec.decode import generate
 from minispec.testing import (chi_square_p_value, make_ragged_cache_machine, model_configs, random_model, seeds,
                               sequence_distribution, tiny_config)

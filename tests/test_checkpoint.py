@@ -1,4 +1,4 @@
-"""The loader (minispec/checkpoint.py): round trips of single and sharded, tied and untied
+"""The loader (minispec/checkpoints/load.py): round trips of single and sharded, tied and untied
 checkpoints, and its strict checks with one-line errors."""
 
 import json
@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from minispec import load_model
-from minispec.config import ModelConfig
+from minispec.model.config import ModelConfig
 from minispec.errors import CheckpointError, ConfigError
 from minispec.testing import random_model
 
@@ -144,7 +144,7 @@ def test_no_weights_and_pickle_only(tmp_path, tiny):
 ])
 def test_a_file_that_is_not_safetensors_names_it(tmp_path, tiny, content):
     """Corrupt weights are a CheckpointError naming the file, from load_model and map_tensor alike."""
-    from minispec.checkpoint import map_tensor
+    from minispec.checkpoints.load import map_tensor
 
     raw, model = tiny
     folder = write_checkpoint(tmp_path / "ck", raw, model)

@@ -55,14 +55,14 @@ def test_dropout_p_auto_reports_the_calibrated_p_in_json_and_stats(real_ckpt, ca
     the same p as calling the calibration directly, reported in --json and --stats; a fixed p is
     reported as given. A higher --agreement asks for a smaller p."""
     import minispec
-    from minispec.acceptance.dropmatch_calibrate import auto_dropout_p
+    from minispec.acceptance.dropmatch.calibrate import auto_dropout_p
 
     common = ("--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "6", "--draft", "ngram", "--policy", "dropmatch")
     code, out, _ = run_cli(capsys, *common, "--json", "--dropout-p", "auto", "--agreement", "0.5")
     assert code == 0
     chosen = json.loads(out)["stats"]["dropout_p"]
     model, tokenizer = minispec.load_model(real_ckpt), minispec.load_tokenizer(real_ckpt)
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     text = generate(model, prompt, max_new_tokens=32, eos_token_ids=tokenizer.eos_token_ids).tokens
@@ -309,7 +309,7 @@ def test_streamed_text_with_stop_strings_is_the_text_cut_before_the_first(pieces
 def test_flag_ranges_are_the_python_apis():
     """--temperature and --seed accept exactly what SamplingParams and generate() do, at the edges."""
     from minispec.generate import parse_args
-    from minispec.sampling import MIN_TEMPERATURE, SamplingParams
+    from minispec.model.sampling import MIN_TEMPERATURE, SamplingParams
 
     assert parse_args(["--temperature", str(MIN_TEMPERATURE)]).temperature == SamplingParams(MIN_TEMPERATURE).temperature
     assert parse_args(["--temperature", "0"]).temperature == 0
@@ -345,9 +345,9 @@ def test_run_main_turns_errors_interrupts_and_closed_pipes_into_exit_statuses(ca
 def test_interrupted_generation_keeps_what_was_generated(real_ckpt, capsys, monkeypatch):
     """Ctrl-C while generating: the streamed text so far ends with its newline, and --json prints the
     object with the tokens so far, finish_reason "interrupted"; exit 130 and one line on stderr."""
-    import minispec.speculative
+    import minispec.chain.speculative
 
-    real_generate = minispec.speculative.generate
+    real_generate = minispec.chain.speculative.generate_chain
 
     def interrupted_after_four_tokens(*args, on_tokens, **kwargs):
         def callback(tokens, num_accepted, num_proposed):
@@ -358,7 +358,7 @@ def test_interrupted_generation_keeps_what_was_generated(real_ckpt, capsys, monk
         callback.count = 0
         return real_generate(*args, on_tokens=callback, **kwargs)
 
-    monkeypatch.setattr(minispec.speculative, "generate", interrupted_after_four_tokens)
+    monkeypatch.setattr(minispec.chain.speculative, "generate_chain", interrupted_after_four_tokens)
     common = ("--ckpt", str(real_ckpt), "--max-new-tokens", "30")
     code, out, err = run_cli(capsys, *common, "--json")
     result = json.loads(out)
@@ -372,7 +372,7 @@ def test_interrupted_generation_keeps_what_was_generated(real_ckpt, capsys, monk
 def test_command_lines_reach_run_main_before_torch_loads():
     """Ctrl-C while torch loads (the first second or two of every run) must be run_main's one line,
     not an import traceback: so neither command-line module, nor the package, imports torch itself."""
-    code = ("import sys, minispec, minispec.generate, minispec.weights, minispec.errors; "
+    code = ("import sys, minispec, minispec.generate, minispec.checkpoints.fetch, minispec.errors; "
             "print(sorted(m for m in ('torch', 'safetensors', 'tokenizers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

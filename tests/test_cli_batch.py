@@ -127,9 +127,9 @@ def test_stdin_chat_flags_and_stats(tiny, capsys, monkeypatch):
 def test_ctrl_c_keeps_the_printed_texts(tiny, prompt_file, capsys, monkeypatch):
     """Ctrl-C on prompt 2's first token (one prompt per batch): prompt 1's text stays printed and
     nothing else is; --json prints every prompt so far, "interrupted" where unfinished; exit 130."""
-    import minispec.batch
+    import minispec.batch.speculative
 
-    real = minispec.batch.generate_batch
+    real = minispec.batch.speculative.generate_batch
 
     def interrupted_on_prompt_2(*args, on_tokens, **kwargs):
         def callback(index, tokens, num_accepted, num_proposed):
@@ -138,7 +138,7 @@ def test_ctrl_c_keeps_the_printed_texts(tiny, prompt_file, capsys, monkeypatch):
                 raise KeyboardInterrupt
         return real(*args, on_tokens=callback, **kwargs)
 
-    monkeypatch.setattr(minispec.batch, "generate_batch", interrupted_on_prompt_2)
+    monkeypatch.setattr(minispec.batch.speculative, "generate_batch", interrupted_on_prompt_2)
     argv = common(tiny, "--prompt-file", str(prompt_file), "--batch-size", "1")
     code, out, err = run_cli(capsys, *argv, "--json")
     assert code == 130 and err == "minispec.generate: interrupted\n"

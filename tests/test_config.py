@@ -1,11 +1,11 @@
-"""config.json parsing (minispec/config.py): both RoPE spellings, Qwen2, Qwen3, and errors that name the field."""
+"""config.json parsing (minispec/model/config.py): both RoPE spellings, Qwen2, Qwen3, and errors that name the field."""
 
 import json
 import re
 
 import pytest
 
-from minispec.config import ModelConfig, RopeScaling
+from minispec.model.config import ModelConfig, RopeScaling
 from minispec.errors import ConfigError
 
 BASE = {

@@ -25,10 +25,10 @@ import torch
 gguf = pytest.importorskip("gguf", reason="the GGUF writer and reader (pip install -e .[test])")
 transformers = pytest.importorskip("transformers", reason="the reference GGUF loader (pip install -e .[test])")
 
-from minispec.checkpoint import load_model  # noqa: E402
-from minispec.convert import QWEN2_SPLIT, SUPPORTED_TYPES, convert_gguf  # noqa: E402
+from minispec.checkpoints.load import load_model  # noqa: E402
+from minispec.checkpoints.convert import QWEN2_SPLIT, SUPPORTED_TYPES, convert_gguf  # noqa: E402
 from minispec.errors import CheckpointError  # noqa: E402
-from minispec.tokenizer import load_tokenizer  # noqa: E402
+from minispec.checkpoints.tokenizer import load_tokenizer  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 TINY = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn=512)  # K-quant rows hold 256 values: widths are 256k
@@ -240,7 +240,7 @@ def test_every_supported_type_converts(tmp_path, kind):
 
 
 def test_an_unsupported_type_or_recipe_is_refused_before_any_weight_is_read(tmp_path, monkeypatch):
-    import minispec.convert as convert
+    import minispec.checkpoints.convert as convert
 
     write_qwen2_gguf(tmp_path / "tiny.gguf", LAYOUTS["1.5b"])
     monkeypatch.setattr(convert, "read_tensor", lambda planned: pytest.fail("a weight was read"))

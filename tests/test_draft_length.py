@@ -1,4 +1,4 @@
-"""Adaptive draft length (minispec.draft_length) and the model drafter's confidence cut-off (p_min):
+"""Adaptive draft length (minispec.chain.draft_length) and the model drafter's confidence cut-off (p_min):
 the schedules' rules on hand-built steps, their wiring into the loop, and that neither changes
 what greedy speculative decoding emits."""
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from minispec import draft_length
-from minispec.draft_length import DraftLength, Fixed, Heuristic
-from minispec.drafters import ModelDrafter, NgramDrafter, confidence, make_drafter
+from minispec.chain import draft_length
+from minispec.chain.draft_length import DraftLength, Fixed, Heuristic
+from minispec.chain.drafters import ModelDrafter, NgramDrafter, confidence, make_drafter
 from minispec.errors import MinispecError
-from minispec.sampling import SamplingParams
-from minispec.speculative import generate
+from minispec.model.sampling import SamplingParams
+from minispec.chain.speculative import generate_chain as generate
 from minispec.testing import loop_setups, model_configs, random_model, seeds, tiny_config
 
 DRAFT_KINDS = ["same", "random", "ngram", "early-exit", "self:bf16"]

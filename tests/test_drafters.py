@@ -1,14 +1,14 @@
-"""Drafters (minispec.drafters): what each proposes, how a model drafter keeps its cache in step,
+"""Drafters (minispec.chain.drafters): what each proposes, how a model drafter keeps its cache in step,
 and how the self-drafts and early exit draft on the target's own cache."""
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from minispec.drafters import ModelDrafter, NgramDrafter, make_drafter
+from minispec.chain.drafters import ModelDrafter, NgramDrafter, make_drafter
 from minispec.errors import MinispecError
-from minispec.sampling import SamplingParams
-from minispec.speculative import generate
+from minispec.model.sampling import SamplingParams
+from minispec.chain.speculative import generate_chain as generate
 from minispec.testing import model_configs, random_model, seeds, tiny_config
 from minispec.testing.cache_watch import watch_caches
 
@@ -105,8 +105,8 @@ def test_a_bfloat16_self_draft_of_a_bfloat16_target_is_refused(dtype):
 def test_the_int8_self_draft_off_the_cpu_is_a_one_line_error_naming_the_flag():
     """The int8 kernel is CPU-only: a target elsewhere (here the meta device, which any machine
     has) gets an error that names --draft self:int8 and the way out, before anything is copied."""
-    from minispec.config import ModelConfig
-    from minispec.model import Transformer
+    from minispec.model.config import ModelConfig
+    from minispec.model.transformer import Transformer
 
     cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
                       num_heads=1, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,

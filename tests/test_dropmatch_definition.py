@@ -1,6 +1,6 @@
 """DropMatch's whole decision against an implementation written from the definition alone.
 
-The reference below re-derives Algorithm 1 (module docstring of minispec/acceptance/dropmatch.py)
+The reference below re-derives Algorithm 1 (module docstring of minispec/acceptance/dropmatch/rule.py)
 with plain loops over paths and positions and no code from minispec.acceptance: the masks drawn
 as documented (uniforms [K, gamma+1, d] from a generator seeded with mask_seed(seed), m = u <
 1-p), inverted dropout, the argmax with the lowest id on ties, the three vote rules, the JS test
@@ -34,8 +34,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minispec.acceptance import DropMatch, LazyDropMatch, VerifyInput
-from minispec.acceptance.dropmatch import mask_seed, vote_acceptances
-from minispec.sampling import SamplingParams, logits_to_probs, sample_token
+from minispec.acceptance.dropmatch.rule import mask_seed, vote_acceptances
+from minispec.model.sampling import SamplingParams, logits_to_probs, sample_token
 
 F64 = torch.float64
 JS_TIE = 1e-12  # relative: see the module docstring

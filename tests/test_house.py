@@ -3,10 +3,11 @@
 - No import cycle in the package and no private name (`_x`) imported from another module:
   every import statement counts, at module level or inside a function (a lazy import is still
   an arrow a reader follows).
-- The chapters import downward: chapter 1's modules below the chain loop reach no loop and no
-  module of the tree or batch chapters; the tree and batch chapters never reach each other, nor
-  the chain's loop (speculative.py): what every loop needs is in loop.py. Only the front door (decode.py), the CLI, the tracer and minispec.testing sit above
-  all three.
+- The folders import downward (MAY_IMPORT): the toolbox (errors, checks, cli) below model/, below
+  acceptance/, below chain/ (chapter 1), below trees/ and batch/ (chapters 2 and 3), which never reach
+  each other; the wings checkpoints/ and kernels/ build on model/. Only the front door (decode.py),
+  the CLI (generate/) and testing/ call a chapter's loop. A new file obeys its folder's rule by
+  where it is saved.
 - README's reading guide is the package docstring's, word for word.
 """
 
@@ -21,10 +22,27 @@ import minispec
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "minispec"
 
-TREES = {"minispec.tree", "minispec.tree_drafters", "minispec.tree_speculative", "minispec.acceptance.trees"}
-BATCHES = {"minispec.ragged_cache", "minispec.batch_drafters", "minispec.batch"}
-LOOPS = {"minispec.speculative", "minispec.tree_speculative", "minispec.batch"}
-ABOVE = ("minispec.decode", "minispec.generate", "minispec.testing", "minispec.trace")  # may import any chapter
+# The house by folder: each folder (or top-level module) may import only what is listed beside it, so
+# a new file joins its chapter's rules by where it is saved. The toolbox (errors, checks, cli) is below
+# everything; model/ below acceptance/, below the chain, below trees and batches; the wings beside.
+TOOLBOX = {"errors", "checks", "cli"}
+MAY_IMPORT = {
+    "errors": set(), "checks": {"errors"}, "cli": {"errors"},
+    "model": TOOLBOX,
+    "acceptance": TOOLBOX | {"model"},
+    "chain": TOOLBOX | {"model", "acceptance"},
+    "trees": TOOLBOX | {"model", "acceptance", "chain"},
+    "batch": TOOLBOX | {"model", "acceptance", "chain"},
+    "checkpoints": TOOLBOX | {"model"},
+    "kernels": TOOLBOX | {"model", "checkpoints"},
+    "weights": {"checkpoints"},
+    "decode": {"chain", "trees", "batch"},
+}
+ABOVE = {"generate", "testing"}  # may import any folder
+# One file on the reading path reaches the wings: a draft named by checkpoint or precision is loaded there.
+EXCEPTIONS = {"minispec.chain.drafters": {"checkpoints", "kernels"}}
+LOOPS = {"minispec.chain.speculative", "minispec.trees.speculative", "minispec.batch.speculative"}
+LOOP_IMPORTERS = {"decode"} | ABOVE  # only the front door, the CLI and testing/ call a chapter's loop
 
 
 def module_name(path: Path) -> str:
@@ -93,24 +111,54 @@ def test_no_private_name_is_imported_from_another_module():
     assert not any(private.values()), {m: p for m, p in private.items() if p}
 
 
-def test_the_chapters_import_downward():
-    core = [m for m in MODULES if m not in TREES | BATCHES | LOOPS and not m.startswith(ABOVE) and m != "minispec"]
-    for module in core:
-        assert not reachable(module) & (TREES | BATCHES | LOOPS), f"{module} (chapter 1) reaches a loop or chapter 2/3"
-    for module in TREES:
-        assert not reachable(module) & (BATCHES | {"minispec.speculative"}), f"{module} reaches the batch or chain loop"
-    for module in BATCHES:
-        assert not reachable(module) & (TREES | {"minispec.speculative"}), f"{module} reaches the tree or chain loop"
+def folder(module: str) -> str:
+    """The folder (or top-level module) a module is saved in: minispec.chain.loop -> chain."""
+    return module.split(".")[1] if module != "minispec" else ""
+
+
+def folder_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that crosses folders against MAY_IMPORT, EXCEPTIONS and the loop rule."""
+    breaches = []
+    for module, targets in sorted(graph.items()):
+        home = folder(module)
+        if module == "minispec" or home in ABOVE:
+            continue
+        allowed = MAY_IMPORT[home] | EXCEPTIONS.get(module, set())
+        for target in sorted(targets):
+            there = folder(target)
+            if there != home and there not in allowed:
+                breaches.append(f"{module} imports {target}: {home}/ may import only {sorted(allowed)}")
+            if target in LOOPS and there != home and home not in LOOP_IMPORTERS:
+                breaches.append(f"{module} imports the loop {target}: only {sorted(LOOP_IMPORTERS)} may")
+    return breaches
+
+
+def test_every_folder_has_a_rule():
+    assert {folder(m) for m in MODULES if m != "minispec"} <= set(MAY_IMPORT) | ABOVE
+
+
+def test_the_folders_import_downward():
+    assert not folder_breaches(GRAPH)
     assert GRAPH["minispec.decode"] == LOOPS  # the front door hands off, nothing more
 
 
-def test_the_rules_above_catch_a_cycle_and_a_private_import(monkeypatch):
-    """The checks are not vacuous: a planted edge back up is a cycle, a planted private import is named."""
-    assert "minispec.loop" not in reachable("minispec.loop")
-    monkeypatch.setitem(GRAPH, "minispec.loop", GRAPH["minispec.loop"] | {"minispec.speculative"})
-    assert "minispec.loop" in reachable("minispec.loop")
-    assert private_names([("minispec.loop", "_hidden", 3), ("minispec.loop", "commit", 4)]) == \
-        ["_hidden from minispec.loop (line 3)"]
+def test_the_rules_above_catch_a_back_edge_a_cycle_and_a_private_import(monkeypatch):
+    """The checks are not vacuous: a planted edge back up is a breach and a cycle, a planted private
+    import is named, and a chapter that calls another's loop is caught."""
+    assert "minispec.chain.loop" not in reachable("minispec.chain.loop")
+    monkeypatch.setitem(GRAPH, "minispec.model.kv_cache", GRAPH["minispec.model.kv_cache"] | {"minispec.chain.loop"})
+    assert folder_breaches(GRAPH) == ["minispec.model.kv_cache imports minispec.chain.loop: model/ may import only "
+                                      "['checks', 'cli', 'errors']"]
+    assert "minispec.chain.loop" in reachable("minispec.chain.loop")
+    monkeypatch.undo()
+    monkeypatch.setitem(GRAPH, "minispec.trees.walks", GRAPH["minispec.trees.walks"] | {"minispec.batch.drafters"})
+    assert any("trees.walks imports minispec.batch.drafters" in line for line in folder_breaches(GRAPH))
+    monkeypatch.undo()
+    monkeypatch.setitem(GRAPH, "minispec.batch.drafters", GRAPH["minispec.batch.drafters"] | {"minispec.chain.speculative"})
+    assert folder_breaches(GRAPH) == ["minispec.batch.drafters imports the loop minispec.chain.speculative: only "
+                                      "['decode', 'generate', 'testing'] may"]
+    assert private_names([("minispec.chain.loop", "_hidden", 3), ("minispec.chain.loop", "commit", 4)]) == \
+        ["_hidden from minispec.chain.loop (line 3)"]
 
 
 def reading_guide(text: str) -> str:
@@ -126,6 +174,5 @@ def reading_guide(text: str) -> str:
 def test_readme_reading_guide_is_the_package_docstring():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert reading_guide(readme) == reading_guide(minispec.__doc__)
-    for module in re.findall(r"\b([a-z_/]+\.py)\b", reading_guide(minispec.__doc__)):
-        candidates = list(PACKAGE.rglob(Path(module).name))
-        assert candidates, f"the reading guide names {module}, which is not in the package"
+    for name in re.findall(r"\b([a-z_/]+(?:\.py|/))(?=[\s,:)]|$)", reading_guide(minispec.__doc__)):
+        assert list(PACKAGE.rglob(name.rstrip("/"))), f"the reading guide names {name}, which is not in the package"

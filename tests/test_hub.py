@@ -12,7 +12,7 @@ import pytest
 
 from minispec.errors import CheckpointError
 from minispec.generate import main
-from minispec.hub import is_repo_id, resolve_checkpoint
+from minispec.checkpoints.hub import is_repo_id, resolve_checkpoint
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"  # a snapshot is named by its 40-hex commit
 

@@ -30,7 +30,7 @@ def run_installed(installed, tmp_path, *argv):
 
 
 def test_installed_package_keeps_its_weights_in_the_user_cache(installed, tmp_path):
-    proc = run_installed(installed, tmp_path, "-c", "import minispec, minispec.weights as w; "
+    proc = run_installed(installed, tmp_path, "-c", "import minispec, minispec.checkpoints.fetch as w; "
                          "print(minispec.__file__); print(w.default_checkpoint_dir())")
     assert proc.returncode == 0, proc.stderr
     module, folder = proc.stdout.split()

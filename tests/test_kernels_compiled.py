@@ -16,7 +16,7 @@ import torch
 from minispec import kernels
 from minispec.kernels import compiled
 from minispec.errors import MinispecError
-from minispec.speculative import generate
+from minispec.chain.speculative import generate_chain as generate
 from minispec.testing import random_model, tiny_config
 
 CONFIG = tiny_config(model_type="qwen3", qk_norm=True, attention_bias=True, tie_word_embeddings=True,

@@ -70,7 +70,7 @@ def test_greedy_output_with_a_restricted_draft_is_the_targets(seed, keep, gamma)
 def test_lossless_sampling_with_a_restricted_draft_keeps_the_targets_distribution():
     """Exact distribution of 2 tokens over a 64-token vocabulary at T = 1, by the loop's sampling,
     against the target's: chi-square over 3000 runs (seeded), p > 1e-3."""
-    from minispec.sampling import SamplingParams
+    from minispec.model.sampling import SamplingParams
     from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 
     config = tiny_config(hidden_size=32, intermediate_size=48, vocab_size=8)

@@ -18,17 +18,17 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from minispec import kernels, load_model
-from minispec.drafters import ModelDrafter, NgramDrafter, self_draft
+from minispec.chain.drafters import ModelDrafter, NgramDrafter, self_draft
 from minispec.errors import MinispecError
 from minispec.kernels import packed
 from minispec.kernels.int8 import Int8Linear
-from minispec.ragged_cache import RaggedKVCache
+from minispec.batch.ragged_cache import RaggedKVCache
 from minispec.testing import model_configs, random_model, seeds, tiny_config
 
 NEEDS_BF16_PACKING = pytest.mark.skipif(not packed.packs(torch.bfloat16),
                                         reason="this CPU's oneDNN has no packed bfloat16 matmul "
                                                "(no AVX-512 BW/VL/DQ or AVX-NE-CONVERT)")
-from minispec.tree import DraftTree, tree_mask, tree_positions
+from minispec.trees.tree import DraftTree, tree_mask, tree_positions
 
 INT8_CONFIG = tiny_config(hidden_size=32, intermediate_size=48)  # widths the int8 kernel takes (multiples of 16)
 

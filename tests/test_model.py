@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from minispec.errors import CacheOverflowError
-from minispec.kv_cache import KVCache
+from minispec.model.kv_cache import KVCache
 from minispec.testing import make_cache_machine, model_configs, random_model, seeds, tiny_config
 
 ATOL = 1e-9
@@ -115,7 +115,7 @@ def naive_attention_logits(model, tokens):
     SDPA's GQA mapping and of our mask builder (query head h reads kv head h // num_kv_groups)."""
     import torch.nn.functional as F
 
-    from minispec.model import apply_rope, rope_cos_sin
+    from minispec.model.transformer import apply_rope, rope_cos_sin
 
     cfg = model.config
     T = len(tokens)

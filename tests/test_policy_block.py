@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from minispec.acceptance import BlockVerification, ExactMatch, SpeculativeSampling, VerifyInput
 from minispec.acceptance.block import block_weights, next_distribution, stop_probabilities
 from minispec.acceptance.sampling import acceptance_probability
-from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.model.sampling import SamplingParams, logits_to_probs
 from minispec.testing import decided, verify_input
 from minispec.testing.checks import verify_inputs
 

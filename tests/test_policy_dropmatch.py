@@ -1,4 +1,4 @@
-"""DropMatch (minispec/acceptance/dropmatch.py) and LazyDropMatch (dropmatch_lazy.py).
+"""DropMatch (minispec/acceptance/dropmatch/rule.py) and LazyDropMatch (dropmatch_lazy.py).
 
 Hand-built tables pin Algorithm 1's rules on the plain class; float64 properties pin its
 invariants (p = 0 is exact match, naive contains majority, or_base never accepts less than the
@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 
 from minispec.acceptance import (DropMatch, ExactMatch, LazyDropMatch, PolicyInputError, SpeculativeSampling,
                                  VerifyInput)
-from minispec.acceptance.dropmatch import js_divergence, vote_acceptances
-from minispec.acceptance.dropmatch_lazy import LN2, draft_votes, js_acceptance
+from minispec.acceptance.dropmatch.rule import js_divergence, vote_acceptances
+from minispec.acceptance.dropmatch.lazy import LN2, draft_votes, js_acceptance
 from minispec.acceptance.sampling import sample_acceptances
-from minispec.drafters import NgramDrafter
+from minispec.chain.drafters import NgramDrafter
 from minispec.errors import MinispecError
-from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.model.sampling import SamplingParams, logits_to_probs
 from minispec.testing import check_policy, decided, verify_input
 
 F64 = torch.float64
@@ -75,7 +75,7 @@ class Step:
 
 
 def loop_input(policy, step: Step, head, params: SamplingParams, hook: str = "loop") -> VerifyInput:
-    """The VerifyInput minispec.speculative builds: the verify rows and the policy's
+    """The VerifyInput minispec.chain.speculative builds: the verify rows and the policy's
     extra_head_rows in ONE head call, their logits as extra_logits.
 
     hook: "loop" as the loop does; "none": decide without the hook; "clone": decide gets a copy

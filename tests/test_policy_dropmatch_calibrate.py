@@ -1,4 +1,4 @@
-"""minispec.acceptance.dropmatch_calibrate: the agreement curves and the bisection on p.
+"""minispec.acceptance.dropmatch.calibrate: the agreement curves and the bisection on p.
 
 The estimate is checked against a Monte Carlo of the dropout itself where its assumptions hold
 (a wide LM-head input of i.i.d. coordinates: the central limit theorem applies), the measured
@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from minispec.acceptance.dropmatch_calibrate import (EstimatedAgreement, MeasuredAgreement, auto_dropout_p,
+from minispec.acceptance.dropmatch.calibrate import (EstimatedAgreement, MeasuredAgreement, auto_dropout_p,
                                                      bracket_p, calibrate_p)
 from minispec.errors import MinispecError
 from minispec.testing import model_configs, random_model, seeds
@@ -137,7 +137,7 @@ def test_calibrate_p_returns_the_top_of_the_range_when_agreement_never_drops_and
 @settings(max_examples=5)
 @given(cfg=model_configs(), seed=seeds, prompt=st.lists(st.integers(0, 7), min_size=1, max_size=6))
 def test_auto_dropout_p_calibrates_on_the_targets_own_greedy_continuation(cfg, seed, prompt):
-    from minispec.speculative import generate
+    from minispec.chain.speculative import generate_chain as generate
 
     model = random_model(cfg, seed, scale=3.0)
     continuation = generate(model, prompt, max_new_tokens=8, eos_token_ids=[]).tokens

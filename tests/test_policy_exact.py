@@ -4,7 +4,7 @@ position (the last row is the bonus position), in the style of vLLM's rejection-
 import torch
 
 from minispec.acceptance import ExactMatch
-from minispec.sampling import SamplingParams
+from minispec.model.sampling import SamplingParams
 from minispec.testing import decided, verify_input
 
 F64 = torch.float64

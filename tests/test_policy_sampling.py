@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from minispec.acceptance import ExactMatch, SpeculativeSampling
 from minispec.acceptance.sampling import acceptance_probability, residual_distribution
-from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.model.sampling import SamplingParams, logits_to_probs
 from minispec.testing import decided, verify_input
 
 F64 = torch.float64

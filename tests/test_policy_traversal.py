@@ -1,5 +1,5 @@
 """Traversal verification (TraversalVerification in minispec/acceptance/block.py, its walk
-traversal_walk in minispec/acceptance/trees.py), float64.
+traversal_walk in minispec/trees/walks.py), float64.
 
 Exactly, on tiny vocabularies and small trees whose siblings are drawn without replacement: the
 output is distributed as the target's, and the expected number of accepted tokens is never
@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from minispec.acceptance import BlockVerification, TraversalVerification, VerifyInput
 from minispec.acceptance import trees
 from minispec.acceptance.sampling import acceptance_probability, residual_distribution
-from minispec.acceptance.trees import children_by_row, greedy_walk, traversal_walk, traverse
-from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.trees.walks import children_by_row, greedy_walk, traversal_walk, traverse
+from minispec.model.sampling import SamplingParams, logits_to_probs
 from minispec.testing import seeds
 from minispec.testing.checks import P_VALUE_FLOOR
-from minispec.tree import DraftTree
+from minispec.trees.tree import DraftTree
 from test_policy_block import random_tables  # target and draft tables, contexts up to length depth + 1
 from test_tree_acceptance import TREE_SOURCES, lossless_p_values
 
@@ -296,7 +296,7 @@ def test_the_traversal_losslessness_test_rejects_a_planted_bug(source, bug, monk
 
 def test_traversal_is_a_registered_policy_with_a_tree_form():
     from minispec.acceptance import get
-    from minispec.acceptance.trees import walk_for
+    from minispec.trees.walks import walk_for
 
     policy = get("traversal")
     assert isinstance(policy, TraversalVerification) and policy.lossless

@@ -7,7 +7,7 @@ import torch
 
 from minispec.acceptance import ExactMatch, TypicalAcceptance
 from minispec.acceptance.typical import typical_acceptances
-from minispec.sampling import SamplingParams, sample_token
+from minispec.model.sampling import SamplingParams, sample_token
 from minispec.testing import decided, verify_input
 
 F64 = torch.float64

@@ -23,10 +23,10 @@ import torch
 
 from minispec import kernels
 from minispec.kernels import packed
-from minispec.batch import generate_batch
-from minispec.drafters import make_drafter
+from minispec.batch.speculative import generate_batch
+from minispec.chain.drafters import make_drafter
 from minispec.decode import generate
-from minispec.tree_drafters import TreeSpec
+from minispec.trees.drafters import TreeSpec
 
 GOLDEN = Path(__file__).parent / "data" / "golden_smollm2.json"
 ATOL = 2e-4

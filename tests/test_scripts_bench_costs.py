@@ -69,7 +69,7 @@ def test_replay_costs_replays_real_steps_for_every_variant():
 def test_verify_step_scores_the_requested_rows_in_the_head_call():
     """The replay feeds a policy's extra rows through the head with the clean rows, as the loop does."""
     from minispec import acceptance
-    from minispec.sampling import SamplingParams, logits_to_probs
+    from minispec.model.sampling import SamplingParams, logits_to_probs
 
     model = random_model(tiny_config(), 0, dtype=torch.float64)
     hidden = model.forward_hidden(torch.tensor([[1, 2, 3]]))[0]  # [3, d]: gamma = 2

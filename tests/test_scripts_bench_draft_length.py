@@ -14,7 +14,7 @@ sys.path.insert(0, str(SCRIPTS))
 import bench_draft_length as bench  # noqa: E402
 import benchlib  # noqa: E402
 
-from minispec.drafters import make_drafter  # noqa: E402
+from minispec.chain.drafters import make_drafter  # noqa: E402
 from minispec.testing import random_model, tiny_config  # noqa: E402
 
 

@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import dropmatch_replay  # noqa: E402
 
 from minispec.acceptance.base import first_rejection  # noqa: E402
-from minispec.acceptance.dropmatch import CRITERIA, DropMatch  # noqa: E402
-from minispec.sampling import SamplingParams  # noqa: E402
-from minispec.speculative import generate  # noqa: E402
+from minispec.acceptance.dropmatch.rule import CRITERIA, DropMatch  # noqa: E402
+from minispec.model.sampling import SamplingParams  # noqa: E402
+from minispec.chain.speculative import generate_chain as generate  # noqa: E402
 from minispec.testing import model_configs, random_model, seeds  # noqa: E402
 
 
@@ -157,7 +157,7 @@ def tiny_checkpoint(real_ckpt, folder, seed, **sizes):
 
     from safetensors.torch import save_file
 
-    from minispec.config import ModelConfig
+    from minispec.model.config import ModelConfig
 
     folder.mkdir()
     raw = json.loads((real_ckpt / "config.json").read_text())
@@ -226,7 +226,7 @@ def test_auto_p_reports_what_the_cli_would_pick_per_prompt_and_pooled(real_ckpt,
     import dropmatch_auto_p
 
     import minispec
-    from minispec.acceptance.dropmatch_calibrate import MeasuredAgreement, auto_dropout_p
+    from minispec.acceptance.dropmatch.calibrate import MeasuredAgreement, auto_dropout_p
 
     target = tiny_checkpoint(real_ckpt, tmp_path / "target", seed=0)
     out = tmp_path / "out"

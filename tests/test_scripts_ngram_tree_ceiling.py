@@ -11,9 +11,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import ngram_ceiling  # noqa: E402
 import ngram_tree_ceiling as ntc  # noqa: E402
 
-from minispec.drafters import NgramDrafter  # noqa: E402
-from minispec.tree_drafters import NgramTreeDrafter  # noqa: E402
-from minispec.tree_speculative import generate_tree  # noqa: E402
+from minispec.chain.drafters import NgramDrafter  # noqa: E402
+from minispec.trees.drafters import NgramTreeDrafter  # noqa: E402
+from minispec.trees.speculative import generate_tree  # noqa: E402
 from minispec.testing import model_configs, random_model, seeds  # noqa: E402
 
 VOCAB = 12

@@ -1,4 +1,4 @@
-"""The draft-then-verify loop (minispec.speculative) on random tiny models.
+"""The draft-then-verify loop (minispec.chain.speculative) on random tiny models.
 
 Exactness properties run in float64 (see test_model.py for why); a bf16 self-draft is fine
 there because a draft only changes what gets accepted, never what gets emitted. Each policy's
@@ -11,9 +11,9 @@ from hypothesis import given, settings, strategies as st
 
 from minispec import acceptance
 from minispec.errors import CacheOverflowError, MinispecError
-from minispec.drafters import NgramDrafter, make_drafter
-from minispec.loop import StepRecord
-from minispec.speculative import generate
+from minispec.chain.drafters import NgramDrafter, make_drafter
+from minispec.chain.loop import StepRecord
+from minispec.chain.speculative import generate_chain as generate
 from minispec.testing import loop_setups, random_model, tiny_config
 from minispec.testing.cache_watch import watch_caches
 
@@ -101,7 +101,7 @@ def test_the_run_seed_reaches_dropmatch_masks(policy):
 
 def perfect_draft_run(expected_len: int, gamma: int, max_new_tokens: int) -> dict:
     """The stats of a run whose drafts are all accepted (the target drafts for itself) and which ends
-    after `expected_len` tokens, from minispec.stats' definitions: the prefill gives token 1; each
+    after `expected_len` tokens, from minispec.chain.stats' definitions: the prefill gives token 1; each
     step drafts g = min(gamma, max_new_tokens - generated - 1) and emits g + 1, except a last step
     cut by an eos inside its accepted run, which counts as a draft of the e tokens it emitted."""
     generated, steps, drafted, accepted, emitted = 1, 0, 0, 0, 0

@@ -1,8 +1,8 @@
-"""minispec.stats: tau counts the correction/bonus token, and policies' counts are summed."""
+"""minispec.chain.stats: tau counts the correction/bonus token, and policies' counts are summed."""
 
 import pytest
 
-from minispec.stats import StepStats
+from minispec.chain.stats import StepStats
 
 
 def test_tau_counts_the_correction_or_bonus_token_of_every_step():
@@ -72,8 +72,8 @@ def test_record_step_counts_what_was_committed_in_every_cell(num_drafted):
     (an eos or a stop inside the accepted run, or exactly on its last draft) counts a step of c drafts,
     all accepted, c emitted; c = a + 1 (the run reached the correction or bonus token) counts g
     drafted, a accepted, a + 1 emitted."""
-    from minispec.loop import record_step
-    from minispec.stats import StepStats
+    from minispec.chain.loop import record_step
+    from minispec.chain.stats import StepStats
 
     for num_accepted in range(num_drafted + 1):
         for num_committed in range(1, num_accepted + 2):

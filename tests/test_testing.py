@@ -7,9 +7,9 @@ import torch
 from minispec.acceptance import (AcceptancePolicy, BlockVerification, Decision, ExactMatch, FLy, Lenience,
                                  SpeculativeSampling, TraversalVerification, TypicalAcceptance)
 from minispec.acceptance.base import first_rejection
-from minispec.kv_cache import KVCache
-from minispec.ragged_cache import RaggedKVCache
-from minispec.sampling import sample_token
+from minispec.model.kv_cache import KVCache
+from minispec.batch.ragged_cache import RaggedKVCache
+from minispec.model.sampling import sample_token
 from minispec.errors import MinispecError
 from minispec.testing import CheckFailed, check_cache, check_policy, check_ragged_cache
 

@@ -1,4 +1,4 @@
-"""minispec.tokenizer on the real SmolLM2 tokenizer: ids, special tokens, chat template, streaming decode;
+"""minispec.checkpoints.tokenizer on the real SmolLM2 tokenizer: ids, special tokens, chat template, streaming decode;
 and the draft/target vocabulary check on small tokenizers built here."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minispec.errors import CheckpointError
-from minispec.tokenizer import VOCAB_SIZE_TOLERANCE, check_same_vocabulary, load_tokenizer
+from minispec.checkpoints.tokenizer import VOCAB_SIZE_TOLERANCE, check_same_vocabulary, load_tokenizer
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 CHATML_QUESTION = (

@@ -1,13 +1,13 @@
-"""minispec.trace: the --trace printer says what the loop did, with the loop's own numbers."""
+"""minispec.generate.trace: the --trace printer says what the loop did, with the loop's own numbers."""
 
 import io
 import re
 
 from hypothesis import given, settings, strategies as st
 
-from minispec.speculative import generate
+from minispec.chain.speculative import generate_chain as generate
 from minispec.testing import model_configs, random_model, seeds
-from minispec.trace import Tracer
+from minispec.generate.trace import Tracer
 
 
 class IdTokenizer:

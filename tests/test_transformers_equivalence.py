@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minispec import kernels, load_model
-from minispec.config import ModelConfig
+from minispec.model.config import ModelConfig
 from minispec.testing import model_configs, seeds
 
 transformers = pytest.importorskip("transformers", reason="transformers is the test-only reference (pip install -e .[test])")

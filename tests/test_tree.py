@@ -1,4 +1,4 @@
-"""Draft trees (minispec/tree.py): one target pass over every node, then the accepted path kept.
+"""Draft trees (minispec/trees/tree.py): one target pass over every node, then the accepted path kept.
 
 float64 on random tiny Llama, Qwen2 and Qwen3 models (see test_model.py for why float64): each
 node's logits from the tree pass equal the last logits of a plain forward of its path, and after
@@ -13,16 +13,16 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minispec.drafters import NgramDrafter
+from minispec.chain.drafters import NgramDrafter
 from minispec.errors import MinispecError
 from minispec.decode import generate
-from minispec.sampling import SamplingParams
+from minispec.model.sampling import SamplingParams
 from minispec.testing import loop_setups, random_model, tiny_config
 from minispec.testing.checks import P_VALUE_FLOOR
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
-from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
-from minispec.tree_drafters import ModelTreeDrafter, NgramTreeDrafter, TreeDrafter
-from minispec.tree_speculative import generate_tree
+from minispec.trees.tree import DraftTree, keep_path, tree_mask, tree_positions
+from minispec.trees.drafters import ModelTreeDrafter, NgramTreeDrafter, TreeDrafter
+from minispec.trees.speculative import generate_tree
 
 F64 = torch.float64
 ATOL = 1e-10  # float64: the tree pass and a plain pass sum the same terms in another order

@@ -1,4 +1,4 @@
-"""Acceptance over draft trees (minispec/acceptance/trees.py), float64.
+"""Acceptance over draft trees (minispec/trees/walks.py), float64.
 
 On a width-1 tree each walk is its chain policy, draw for draw; greedy_walk against a brute-force
 walk down the target's argmax chain; typical_walk's acceptances against the rule written out
@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from minispec.acceptance import ExactMatch, PolicyInputError, SpeculativeSampling, TypicalAcceptance, VerifyInput
 from minispec.acceptance import trees
-from minispec.acceptance.trees import greedy_walk, sampling_walk, typical_walk
+from minispec.trees.walks import greedy_walk, sampling_walk, typical_walk
 from minispec.errors import MinispecError
-from minispec.sampling import SamplingParams, logits_to_probs, sample_token
+from minispec.model.sampling import SamplingParams, logits_to_probs, sample_token
 from minispec.testing import chi_square_p_value, decided, seeds
 from minispec.testing.checks import P_VALUE_FLOOR
-from minispec.tree import DraftTree
+from minispec.trees.tree import DraftTree
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""DropMatch over draft trees (minispec.acceptance.trees.dropmatch_walk), float64.
+"""DropMatch over draft trees (minispec.trees.walks.dropmatch_walk), float64.
 
 Three properties: on a width-1 tree the walk IS DropMatch.decide, draw for draw (same masks,
 coins, verdicts, next token, info, and the generators left in the same state); on any tree it
@@ -18,15 +18,15 @@ from hypothesis import strategies as st
 from test_dropmatch_definition import argmax_lowest, build_input, dropmatch_cases, reference_verdicts, softmax
 
 from minispec.acceptance import DropMatch, LazyDropMatch, TypicalAcceptance
-from minispec.acceptance.dropmatch import mask_seed
-from minispec.acceptance.trees import dropmatch_walk
+from minispec.acceptance.dropmatch.rule import mask_seed
+from minispec.trees.walks import dropmatch_walk
 from minispec.errors import MinispecError
-from minispec.sampling import SamplingParams, logits_to_probs, sample_token
+from minispec.model.sampling import SamplingParams, logits_to_probs, sample_token
 from minispec.decode import generate
 from minispec.testing import loop_setups, random_model, seeds, tiny_config
-from minispec.tree import DraftTree
-from minispec.tree_drafters import ModelTreeDrafter, NgramTreeDrafter
-from minispec.tree_speculative import decide_tree, generate_tree
+from minispec.trees.tree import DraftTree
+from minispec.trees.drafters import ModelTreeDrafter, NgramTreeDrafter
+from minispec.trees.speculative import decide_tree, generate_tree
 
 F64 = torch.float64
 

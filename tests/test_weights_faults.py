@@ -1,4 +1,4 @@
-"""minispec.weights under faults: killed conversions, two processes racing, unwritable folders.
+"""minispec.checkpoints.fetch under faults: killed conversions, two processes racing, unwritable folders.
 
 A conversion runs in a subprocess with the tiny GGUF of tests/test_weights.py in place of the
 download, and with MINISPEC_WEIGHTS_KILL_AT=<point> it SIGKILLs itself at that point (see
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-import minispec.weights as weights
-from minispec.convert import convert_gguf
+import minispec.checkpoints.fetch as weights
+from minispec.checkpoints.convert import convert_gguf
 from minispec import load_model, load_tokenizer
 from minispec.errors import CheckpointError
-from minispec.weights import ensure_default_checkpoint, main
+from minispec.checkpoints.fetch import ensure_default_checkpoint, main
 
 pytest.importorskip("gguf", reason="the GGUF writer (pip install -e .[test])")
 from test_weights import write_tiny_gguf  # noqa: E402
@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 CONVERT = """
 import os, sys, time
 from pathlib import Path
-import minispec.weights as weights
-from minispec.convert import convert_gguf
+import minispec.checkpoints.fetch as weights
+from minispec.checkpoints.convert import convert_gguf
 
 gguf_path, dest, force, log, barrier = (sys.argv[1:] + [""])[:5]
 
@@ -197,7 +197,7 @@ def test_read_only_destination_is_one_line_before_any_download(offline, tmp_path
     finally:
         read_only.chmod(0o755)
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"minispec.weights: error: {tmp_path / dest_in}: cannot write there (Permission denied); "
+    assert err == [f"minispec.checkpoints.fetch: error: {tmp_path / dest_in}: cannot write there (Permission denied); "
                    "expected a writable folder for the checkpoint and its temp folder "
                    "(choose another with --dest or MINISPEC_HOME)"]
     assert offline == [] and list(read_only.iterdir()) == []

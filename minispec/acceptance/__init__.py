@@ -26,8 +26,8 @@ adds your own.
 from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputError, VerifyInput, available,
                                       check_input, first_rejection, get, register)
 from minispec.acceptance.block import BlockVerification, TraversalVerification
-from minispec.acceptance.dropmatch import DropMatch
-from minispec.acceptance.dropmatch_lazy import LazyDropMatch
+from minispec.acceptance.dropmatch.rule import DropMatch
+from minispec.acceptance.dropmatch.lazy import LazyDropMatch
 from minispec.acceptance.exact import ExactMatch
 from minispec.acceptance.fly import FLy
 from minispec.acceptance.lenience import Lenience

@@ -12,9 +12,9 @@ After the target has scored the draft, a policy decides how much of it to keep:
 
 Row i of the target (0-based) is the target's prediction for the position of d_{i+1}; the last
 row, gamma, predicts the token after the whole draft (the bonus). A policy never touches a KV
-cache: the loop in minispec.speculative owns both caches and rolls them back.
+cache: the loop in minispec.chain.speculative owns both caches and rolls them back.
 
-q_draft and p_target went through the same `minispec.sampling.logits_to_probs`, so temperature,
+q_draft and p_target went through the same `minispec.model.sampling.logits_to_probs`, so temperature,
 top-k and top-p are applied identically to both before any policy sees them. A drafter without
 probabilities (n-gram lookup) gives a one-hot q_draft.
 
@@ -38,7 +38,7 @@ from typing import Callable, ClassVar
 import torch
 
 from minispec.errors import MinispecError
-from minispec.sampling import SamplingParams
+from minispec.model.sampling import SamplingParams
 
 
 class PolicyInputError(ValueError):
@@ -88,7 +88,7 @@ class AcceptancePolicy(ABC):
     def check_sizes(self, rows: int, vocab_size: int, hidden_size: int, device: torch.device) -> None:
         """Called by the loops before the first step, with the rows of one verify: a policy whose
         work grows with its own options (DropMatch's K paths) checks here that it fits the
-        machine (minispec.memory.check_fits), so a size the user gives fails at once, in one line
+        machine (minispec.model.memory.check_fits), so a size the user gives fails at once, in one line
         naming the option. The default has nothing to check."""
 
     def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:

@@ -16,7 +16,7 @@ q_draft; p_gamma is the bonus row):
 
 What the paper proves, and what the tests here check (exactly, on small vocabularies):
 - lossless: the emitted tokens are distributed as sampling from the target alone, at any
-  temperature (p and q post-processed identically by minispec.sampling.logits_to_probs);
+  temperature (p and q post-processed identically by minispec.model.sampling.logits_to_probs);
 - optimal for one draft chain: no valid verification of the same draft accepts more tokens in
   expectation, so never fewer than token-level verification (E[tau] >= E[tau_token]);
 - at gamma = 1 it is token-level verification: h_1 = w_1 = min(1, p(x)/q(x)). Here, draw for
@@ -47,7 +47,7 @@ import torch
 
 from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput, register
 from minispec.acceptance.sampling import residual_distribution
-from minispec.sampling import sample_token
+from minispec.model.sampling import sample_token
 
 F64 = torch.float64
 
@@ -114,7 +114,7 @@ class BlockVerification(AcceptancePolicy):
 @register("traversal")
 class TraversalVerification(BlockVerification):
     """Traversal verification (Weng et al., arXiv 2505.12398), the tree counterpart of block
-    verification: on a tree, minispec.acceptance.trees.traversal_walk (leaf to root, lossless);
+    verification: on a tree, minispec.trees.walks.traversal_walk (leaf to root, lossless);
     on a chain it is block verification itself, draw for draw, so `decide` is inherited."""
 
     lossless = True

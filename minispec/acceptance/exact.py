@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput, first_rejection, register
-from minispec.sampling import greedy_token
+from minispec.model.sampling import greedy_token
 
 
 def greedy_acceptances(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,7 @@ from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput, fi
 from minispec.acceptance.exact import greedy_acceptances
 from minispec.acceptance.sampling import correction_or_bonus, sample_acceptances
 from minispec.errors import MinispecError
-from minispec.sampling import greedy_token
+from minispec.model.sampling import greedy_token
 
 F64 = torch.float64
 

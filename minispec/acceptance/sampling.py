@@ -14,7 +14,7 @@ an accepted x leaves the target's next row as the next distribution):
     because P(reject) = 1 - sum_x min(p(x), q(x)) = sum_z max(0, p(z) - q(z)), r's normaliser.
 
 p and q must be the post-processed distributions (temperature, top-k, top-p applied identically
-to both, which minispec.sampling.logits_to_probs guarantees). At temperature 0 both are one-hot,
+to both, which minispec.model.sampling.logits_to_probs guarantees). At temperature 0 both are one-hot,
 a(x) is 1 iff x is the target's argmax, and the residual of a one-hot p is p itself, so this
 policy then reduces exactly to exact match.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput, first_rejection, register
-from minispec.sampling import sample_token
+from minispec.model.sampling import sample_token
 
 
 def acceptance_probability(p_target: torch.Tensor, q_draft: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:

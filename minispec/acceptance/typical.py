@@ -24,7 +24,7 @@ import torch
 
 from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput, first_rejection, is_number, register
 from minispec.errors import MinispecError
-from minispec.sampling import SamplingParams, greedy_token, logits_to_probs, sample_token
+from minispec.model.sampling import SamplingParams, greedy_token, logits_to_probs, sample_token
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:

@@ -5,15 +5,15 @@ tokenizer (+ drafter, policy) -> minispec.decode.generate (run.py) -> tokens str
 terminal as they are produced, or one JSON object with --json (printing.py). With --draft the draft-then-verify loop runs; --show
 colours each token by where it came from (an accepted draft, a correction, a bonus token);
 --stats prints tau, acceptance and timings; --trace prints every step of the loop as it happens
-(minispec.trace). A checkpoint with a chat template gets the prompt wrapped in it (--raw: not).
+(minispec.generate.trace). A checkpoint with a chat template gets the prompt wrapped in it (--raw: not).
 Without --ckpt the default checkpoint (SmolLM2-135M-Instruct) is fetched and converted on first
-use (minispec.weights.default_checkpoint_dir). User mistakes end in one line on stderr and exit
+use (minispec.checkpoints.fetch.default_checkpoint_dir). User mistakes end in one line on stderr and exit
 status 2 (docs/bad_inputs.md lists them). Ctrl-C keeps the text generated so far (with --json: the
 object, finish_reason "interrupted") and ends in one line and exit status 130; a closed stdout
 (`| head`) ends quietly (minispec.cli.run_main).
 
 With --batch-size N, --prompt-file holds one prompt per line; they run through
-minispec.batch.generate_batch N at a time, prompt i seeded with --seed + i, and each prompt's
+minispec.batch.speculative.generate_batch N at a time, prompt i seeded with --seed + i, and each prompt's
 text is printed under a header once it and every prompt before it are done (with --json: one
 object with a result per prompt and the pooled stats).
 

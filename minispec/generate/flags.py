@@ -116,8 +116,8 @@ class GenerateArgs:
 
 
 def build_parser() -> Parser:
-    from minispec.acceptance.dropmatch_calibrate import DEFAULT_LEVEL
-    from minispec.sampling import MIN_TEMPERATURE
+    from minispec.acceptance.dropmatch.calibrate import DEFAULT_LEVEL
+    from minispec.model.sampling import MIN_TEMPERATURE
 
     p = Parser(prog=PROG, description="Generate text with a Llama/Qwen checkpoint, plainly or by draft-then-verify.",
                epilog=EQUIVALENTS)
@@ -195,7 +195,7 @@ def build_parser() -> Parser:
     s.add_argument("--dropout-p", type=dropout_p, default=0.3,
                    help="DropMatch: dropout probability on the LM-head input, in [0, 1), or 'auto': the p whose "
                         "measured all-K head agreement with the clean argmax is --agreement, on the target's first "
-                        "32 greedy tokens of this prompt (minispec.acceptance.dropmatch_calibrate)")
+                        "32 greedy tokens of this prompt (minispec.acceptance.dropmatch.calibrate)")
     s.add_argument("--agreement", type=ranged(float, "--agreement", lo=0, hi=1, lo_open=True), default=DEFAULT_LEVEL,
                    help="with --dropout-p auto: the share of positions where all K heads keep the clean argmax")
     s.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")
@@ -229,7 +229,7 @@ def build_parser() -> Parser:
     b = p.add_argument_group("several prompts")
     b.add_argument("--batch-size", type=ranged(int, "--batch-size", lo=1), default=None, metavar="N",
                    help="run the prompts of --prompt-file, one per line (blank lines skipped), N at a time in one "
-                        "batch (minispec.batch); prompt i (counted from 1, as the headers count) uses seed --seed + i - 1, "
+                        "batch (minispec.batch.speculative); prompt i (counted from 1, as the headers count) uses seed --seed + i - 1, "
                         "so its text is what it gives alone with that seed; each text is printed under a "
                         "'=== prompt i/n (finish reason) ===' line (default: the file is one prompt)")
     o = p.add_argument_group("output")
@@ -248,8 +248,8 @@ def build_parser() -> Parser:
 
 
 def temperature(text: str) -> float:
-    """--temperature: 0 (greedy) or a finite number >= MIN_TEMPERATURE (minispec.sampling says why)."""
-    from minispec.sampling import MIN_TEMPERATURE
+    """--temperature: 0 (greedy) or a finite number >= MIN_TEMPERATURE (minispec.model.sampling says why)."""
+    from minispec.model.sampling import MIN_TEMPERATURE
 
     try:
         value = float(text)
@@ -350,7 +350,7 @@ def check_flags(args: GenerateArgs) -> None:
     if args.batch_size is not None and args.dropout_p == "auto" and args.policy in DROPMATCH_POLICIES:
         raise MinispecError("--dropout-p auto: calibrates p on one prompt; expected a number for --dropout-p with "
                             "--batch-size")
-    from minispec.tokenizer import check_text
+    from minispec.checkpoints.tokenizer import check_text
 
     for text, flag_name in [(args.prompt, "--prompt"), (args.system, "--system"), *((s, "--stop") for s in args.stop)]:
         if text is not None:  # argv bytes that are not UTF-8 arrive as lone surrogates

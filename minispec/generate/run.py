@@ -1,6 +1,6 @@
 """Running the command line: load the checkpoint (and draft, policy, kernels), then decode one
 prompt (minispec.decode.generate: a chain, plain decoding or a tree) or the lines of a prompt file
-(--batch-size: minispec.batch.generate_batch), and return the --json object.
+(--batch-size: minispec.batch.speculative.generate_batch), and return the --json object.
 
 A run keeps its progress (the tokens so far) so that Ctrl-C can still report the text: the
 streamed text is ended, or the --json object printed with finish_reason "interrupted".
@@ -74,10 +74,10 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
     prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
     p = args.dropout_p
     if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
-        from minispec.acceptance.dropmatch_calibrate import CALIBRATION_TOKENS, auto_dropout_p
-        from minispec.speculative import generate as generate_chain
+        from minispec.acceptance.dropmatch.calibrate import CALIBRATION_TOKENS, auto_dropout_p
+        from minispec.chain.speculative import generate as generate_chain
 
-        from minispec.loop import check_prompt
+        from minispec.chain.loop import check_prompt
 
         check_prompt(model, prompt_ids, args.max_new_tokens)  # the user's request first: its error names their flag
         room = model.config.max_position_embeddings - len(prompt_ids)  # >= --max-new-tokens >= 1
@@ -95,12 +95,12 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         if args.tree is None:
             options.update(draft_length=args.draft_length)
         else:  # the chain drafter's tree form (built by the tree chapter, on the model the kernels rewrote)
-            from minispec.tree_drafters import TreeSpec
+            from minispec.trees.drafters import TreeSpec
 
             options.update(tree=TreeSpec(budget=args.tree, branching=args.branching,
                                          width=args.tree_width))
     if args.trace:
-        from minispec.trace import Tracer
+        from minispec.generate.trace import Tracer
 
         options.update(on_step=Tracer(tokenizer, drafter.name, policy.name,
                                       out=sys.stderr if args.json else None))  # keep JSON clean
@@ -129,15 +129,15 @@ def load(args: GenerateArgs):
     """The target model, its tokenizer, the drafter (None: plain decoding) and the checkpoint folder."""
     import torch
 
-    from minispec.checkpoint import load_model
-    from minispec.hub import resolve_checkpoint
-    from minispec.tokenizer import load_tokenizer
+    from minispec.checkpoints.load import load_model
+    from minispec.checkpoints.hub import resolve_checkpoint
+    from minispec.checkpoints.tokenizer import load_tokenizer
 
     device = _device(args.device)
     if args.ckpt is None:
         if args.revision is not None:
             raise MinispecError("--revision: a hub revision of --ckpt; expected a --ckpt repo id with it")
-        from minispec.weights import ensure_default_checkpoint
+        from minispec.checkpoints.fetch import ensure_default_checkpoint
 
         ckpt = ensure_default_checkpoint()
     else:
@@ -214,8 +214,8 @@ class BatchProgress:
 
 
 def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, drafter, ckpt: Path) -> dict:
-    """--batch-size N: every line of --prompt-file a prompt, N decoded together (minispec.batch)."""
-    from minispec.batch import generate_batch
+    """--batch-size N: every line of --prompt-file a prompt, N decoded together (minispec.batch.speculative)."""
+    from minispec.batch.speculative import generate_batch
 
     lines = _prompt_lines(args)
     prompts = [_encode(args, tokenizer, text) for _, text in lines]
@@ -297,22 +297,22 @@ def decode_utf8(data: bytes, what: str) -> str:
 
 
 def _device(name: str) -> torch.device:
-    """--device as a torch.device that can run a model here (minispec.checkpoint.usable_device)."""
-    from minispec.checkpoint import usable_device
+    """--device as a torch.device that can run a model here (minispec.checkpoints.load.usable_device)."""
+    from minispec.checkpoints.load import usable_device
 
     return usable_device(name, "--device")
 
 
 def _drafter(args: GenerateArgs, model, tokenizer):
     """--draft as a Drafter; a draft checkpoint (folder or repo id) must share the target's tokenizer."""
-    from minispec.drafters import make_drafter
+    from minispec.chain.drafters import make_drafter
 
-    from minispec.hub import is_repo_id, resolve_checkpoint
-    from minispec.known import is_known
+    from minispec.checkpoints.hub import is_repo_id, resolve_checkpoint
+    from minispec.checkpoints.known import is_known
 
     spec = args.draft
     if spec is not None and (Path(spec).exists() or is_known(spec) or is_repo_id(spec.partition("@")[0])):  # a model
-        from minispec.tokenizer import check_same_vocabulary, load_tokenizer
+        from minispec.checkpoints.tokenizer import check_same_vocabulary, load_tokenizer
 
         folder = resolve_checkpoint(spec, what="--draft")
         check_same_vocabulary(load_tokenizer(folder), tokenizer, draft_name=f"--draft {spec}",
@@ -366,7 +366,7 @@ def _read_stdin() -> str:
     """--prompt-file -: stdin's bytes decoded as UTF-8, whatever the locale's encoding and error handler."""
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # a text stream without bytes underneath (a test's StringIO)
-        from minispec.tokenizer import check_text
+        from minispec.checkpoints.tokenizer import check_text
 
         return check_text(sys.stdin.read(), "--prompt-file - (stdin)")
     from minispec.cli import read_all

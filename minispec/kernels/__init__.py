@@ -25,7 +25,7 @@ from pathlib import Path
 
 from minispec.errors import MinispecError
 from minispec.kernels import compiled, int8, packed
-from minispec.model import Transformer
+from minispec.model.transformer import Transformer
 
 KINDS = ("reference", "fast", "compiled", "int8")
 

@@ -42,8 +42,8 @@ import torch.nn.functional as F
 
 from minispec.errors import MinispecError
 from minispec.kernels import packed
-from minispec.kv_cache import KVCache
-from minispec.model import Transformer
+from minispec.model.kv_cache import KVCache
+from minispec.model.transformer import Transformer
 
 MAX_COMPILED_ROWS = 16  # new tokens per compiled step: decode steps and verify passes (gamma <= 15)
 

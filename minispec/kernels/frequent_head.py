@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from minispec.errors import MinispecError
-from minispec.model import Transformer
+from minispec.model.transformer import Transformer
 
 
 class FrequentHead(nn.Module):
@@ -70,7 +70,7 @@ def apply(model: Transformer, keep: int, added_ids: list[int] = (), *,
           token_ids: torch.Tensor | None = None) -> Transformer:
     """Give `model` (a draft, as loaded: before any kernels.apply) a FrequentHead over its `keep`
     most frequent tokens, ids 0 .. keep-1, and the `added_ids` (its tokenizer's added tokens:
-    minispec.tokenizer.Tokenizer.added_token_ids); in place, returns the model.
+    minispec.checkpoints.tokenizer.Tokenizer.added_token_ids); in place, returns the model.
 
     token_ids: the ids to keep instead (any list, e.g. counted on a corpus as FR-Spec does).
     A kernels.apply afterwards puts the kept rows in its own layer.

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from minispec.errors import MinispecError
 from minispec.kernels import packed
-from minispec.model import Transformer
+from minispec.model.transformer import Transformer
 
 KERNEL_WIDTH = 16  # torch._weight_int8pack_mm with bfloat16 input needs in_features % 16 == 0
 

@@ -52,8 +52,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minispec.errors import MinispecError
-from minispec.kv_cache import KVCache
-from minispec.model import Block, RMSNorm, Transformer, apply_rope
+from minispec.model.kv_cache import KVCache
+from minispec.model.transformer import Block, RMSNorm, Transformer, apply_rope
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -104,7 +104,7 @@ def is_plain_causal(mask: torch.Tensor | None) -> bool:
     """Whether `mask` [T, S] is the causal mask of a pass from position 0 (S = T, lower triangle).
 
     A square mask is not enough: a draft tree fed at cache length 0 also has S = T, with
-    ancestors-only rows (minispec.tree.tree_mask). The check reads T*T booleans, once per layer,
+    ancestors-only rows (minispec.trees.tree.tree_mask). The check reads T*T booleans, once per layer,
     next to attention's own T*T*d work.
     """
     if mask is None or mask.dim() != 2 or mask.shape[0] != mask.shape[1]:  # a ragged batch's is [B, 1, T, S]
@@ -297,7 +297,7 @@ def _embedding(model: Transformer, checkpoint: str | Path | None, kind: str) -> 
     read. Without one, a private copy: a view into the loader's own mapping would keep all its
     pages alive.
     """
-    from minispec.checkpoint import map_tensor
+    from minispec.checkpoints.load import map_tensor
 
     dense = model.embed_tokens.weight  # [vocab, d]
     if checkpoint is None:

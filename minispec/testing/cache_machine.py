@@ -12,7 +12,7 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from minispec.kv_cache import KVCache
+from minispec.model.kv_cache import KVCache
 from minispec.testing.strategies import model_configs, random_model, seeds
 
 ATOL = 1e-9  # float64 models: chunked and full passes agree to ~1e-14
@@ -67,7 +67,7 @@ def make_cache_machine(cache_factory=KVCache, max_len: int = 40) -> type[RuleBas
 
 def make_ragged_cache_machine(cache_factory=None, batch_size: int = 3,
                               max_len: int = 40) -> type[RuleBasedStateMachine]:
-    """A RuleBasedStateMachine class testing a ragged batch cache (minispec.ragged_cache's
+    """A RuleBasedStateMachine class testing a ragged batch cache (minispec.batch.ragged_cache's
     interface: lengths, check_room, positions, mask, write, advance, truncate(lengths), keep_rows,
     row, set_length)
     built by `cache_factory(num_layers, batch_size, num_kv_heads, max_seq_len, head_dim, dtype=...,
@@ -79,7 +79,7 @@ def make_ragged_cache_machine(cache_factory=None, batch_size: int = 3,
     from-scratch forward over that row's tokens alone; after every rule, each row's keys and
     values must equal those of a single-row KVCache built from scratch on that row's tokens.
     """
-    from minispec.ragged_cache import PAD_ID, RaggedKVCache
+    from minispec.batch.ragged_cache import PAD_ID, RaggedKVCache
 
     factory = cache_factory or RaggedKVCache
 

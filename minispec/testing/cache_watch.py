@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-from minispec.kv_cache import KVCache
+from minispec.model.kv_cache import KVCache
 
 
 class CacheMismatch(AssertionError):

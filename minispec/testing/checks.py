@@ -43,10 +43,10 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from minispec.errors import MinispecError
 from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput, get
-from minispec.kv_cache import KVCache
-from minispec.sampling import SamplingParams, logits_to_probs
-from minispec.loop import score
-from minispec.speculative import generate
+from minispec.model.kv_cache import KVCache
+from minispec.model.sampling import SamplingParams, logits_to_probs
+from minispec.chain.loop import score
+from minispec.chain.speculative import generate_chain as generate
 from minispec.testing.cache_machine import make_cache_machine, make_ragged_cache_machine
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
 from minispec.testing.strategies import model_configs, random_model, seeds, tiny_config
@@ -97,7 +97,7 @@ def check_cache(cache_factory=KVCache, *, max_len: int = 40, progress: bool = Tr
 
 def check_ragged_cache(cache_factory=None, *, batch_size: int = 3, max_len: int = 40, progress: bool = True) -> None:
     """Run the ragged append / per-row rollback / rows-leave state machine against `cache_factory`
-    (default minispec.ragged_cache.RaggedKVCache): every row must behave as a cache of its own."""
+    (default minispec.batch.ragged_cache.RaggedKVCache): every row must behave as a cache of its own."""
     machine = make_ragged_cache_machine(cache_factory, batch_size, max_len)
     name = getattr(cache_factory, "__name__", "RaggedKVCache") if cache_factory is not None else "RaggedKVCache"
     _run(f"check_ragged_cache({name}): every row equals a single cache under ragged appends and rollbacks",

@@ -11,7 +11,7 @@ from itertools import product
 
 import torch
 
-from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.model.sampling import SamplingParams, logits_to_probs
 
 
 @torch.inference_mode()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from minispec.config import ModelConfig, RopeScaling
-from minispec.model import Transformer
+from minispec.model.config import ModelConfig, RopeScaling
+from minispec.model.transformer import Transformer
 
 
 @st.composite

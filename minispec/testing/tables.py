@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from minispec.acceptance.base import Decision, VerifyInput
-from minispec.sampling import SamplingParams, logits_to_probs
+from minispec.model.sampling import SamplingParams, logits_to_probs
 
 F64 = torch.float64
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from minispec.config import ModelConfig
+from minispec.model.config import ModelConfig
 from minispec.errors import MinispecError
 
 __all__ = ["available_bytes", "check_fits", "kv_cache_bytes", "verify_bytes", "gib"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from minispec.disk import require_free, write_failure
+from minispec.checkpoints.disk import require_free, write_failure
 from minispec.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch, numpy and gguf load where a conversion needs them

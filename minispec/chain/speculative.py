@@ -12,14 +12,14 @@ Speculative decoding (Leviathan et al. 2022; Chen et al. 2023) replaces the repe
     verify:   logits   = target([last, d_1..d_g])  ONE target pass scores all g guesses (g+1 rows)
     decide:   n, y     = policy(...)               keep d_1..d_n, then y (correction or bonus)
     rollback: both caches truncated to the accepted prefix
-    stats:    tau = tokens emitted per verify step, counting y (minispec.stats defines each figure)
+    stats:    tau = tokens emitted per verify step, counting y (minispec.chain.stats defines each figure)
 
 A target pass over g+1 tokens costs about as much as over 1 when decoding is memory-bound
 (the weights are read once either way), so every accepted draft is a token for free.
 
 This file is chapter 1's loop: speculative_decode (the loop), plain_decode (the baseline) and
 generate (one prompt: checks, then one of the two). What every loop shares (results, checks,
-prefill, commit, counting) is minispec.loop; trees and batches are chapters of their own, and
+prefill, commit, counting) is minispec.chain.loop; trees and batches are chapters of their own, and
 minispec.decode.generate is the front door that hands a call to the right one.
 """
 
@@ -30,16 +30,17 @@ from typing import Callable, Sequence
 
 import torch
 
-from minispec import acceptance, draft_length as draft_lengths
+from minispec import acceptance
+from minispec.chain import draft_length as draft_lengths
 from minispec.acceptance.base import AcceptancePolicy
 from minispec.checks import check_gamma
-from minispec.draft_length import DraftLength
-from minispec.drafters import Draft, Drafter, make_drafter
-from minispec.loop import (GenerationResult, StepRecord, StopCondition, TokenCallback, check_request, commit,
+from minispec.chain.draft_length import DraftLength
+from minispec.chain.drafters import Draft, Drafter, make_drafter
+from minispec.chain.loop import (GenerationResult, StepRecord, StopCondition, TokenCallback, check_request, commit,
                            finish_reason, first_token, prefill, record_step, score, verify_input)
-from minispec.model import Transformer
-from minispec.sampling import next_token
-from minispec.stats import PhaseTimer, StepStats, run_stats
+from minispec.model.transformer import Transformer
+from minispec.model.sampling import next_token
+from minispec.chain.stats import PhaseTimer, StepStats, run_stats
 
 
 def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,
@@ -107,7 +108,7 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
             on_step(StepRecord(steps.num_steps - 1, inp, decision, emitted, (verified_length, cache.length),
                                drafter.cache_length))
 
-    # Stats: tau, acceptance and the time split (minispec.stats defines each figure).
+    # Stats: tau, acceptance and the time split (minispec.chain.stats defines each figure).
     stats = run_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0, reason, steps, timer,
                       target_forwards=1 + steps.num_steps,  # prefill + one verify pass per step
                       draft_forwards=drafter.forwards, drafter=drafter.name,
@@ -140,7 +141,7 @@ def plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_toke
 
 
 @torch.inference_mode()
-def generate(
+def generate_chain(
     target: Transformer,
     prompt_ids: Sequence[int],
     *,
@@ -165,7 +166,7 @@ def generate(
     policy: an acceptance policy name ("exact", "sampling", "typical", "dropmatch", ...) or object
       (`minispec.acceptance.get("dropmatch", p=0.3, paths=5)`).
     gamma: the most tokens drafted per step; draft_length: how many of them to draft each step,
-      "fixed" (gamma), "heuristic" (adapts to what was accepted) or a DraftLength (minispec.draft_length).
+      "fixed" (gamma), "heuristic" (adapts to what was accepted) or a DraftLength (minispec.chain.draft_length).
     eos_token_ids: None = the checkpoint's own (config.json), [] = never stop early.
     on_tokens: streaming callback (TokenCallback); on_step: called with each verify step's StepRecord.
     stop_when: StopCondition, checked after every new token (also inside an accepted run).

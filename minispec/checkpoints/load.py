@@ -1,4 +1,4 @@
-"""Load a Hugging Face checkpoint (a folder, or a hub repo id via minispec.hub) into a minispec Transformer.
+"""Load a Hugging Face checkpoint (a folder, or a hub repo id via minispec.checkpoints.hub) into a minispec Transformer.
 
 A folder holds config.json and either model.safetensors or a sharded set described by
 model.safetensors.index.json ({"weight_map": {tensor name: shard file}}). Only safetensors are
@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from minispec.config import ModelConfig
+from minispec.model.config import ModelConfig
 from minispec.errors import CheckpointError
-from minispec.hub import resolve_checkpoint
-from minispec.model import Transformer
+from minispec.checkpoints.hub import resolve_checkpoint
+from minispec.model.transformer import Transformer
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -63,7 +63,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str
                revision: str | None = None) -> Transformer:
     """Read config.json and the safetensors weights in `path`; return the model in eval mode.
 
-    `path`: a checkpoint folder or a hub repo id 'owner/name[@revision]' (minispec.hub).
+    `path`: a checkpoint folder or a hub repo id 'owner/name[@revision]' (minispec.checkpoints.hub).
     """
     dtype, device = check_placement(dtype, device)
     folder = resolve_checkpoint(path, revision, what="checkpoint")

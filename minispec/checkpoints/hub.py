@@ -5,11 +5,11 @@
     resolve_checkpoint("Qwen/Qwen2.5-0.5B-Instruct@main")         -> the same at a revision
     resolve_checkpoint("Qwen/Qwen2.5-0.5B-Instruct", revision="v1.0")
 
-    resolve_checkpoint("qwen2.5-coder-1.5b-instruct")             -> a known name (minispec.known):
+    resolve_checkpoint("qwen2.5-coder-1.5b-instruct")             -> a known name (minispec.checkpoints.known):
                                                                   fetched and converted on first use
 
 A local folder always wins: a spec that names an existing folder is never looked up anywhere. A
-known name (`python -m minispec.weights --list`) is converted by minispec.weights into its folder
+known name (`python -m minispec.weights --list`) is converted by minispec.checkpoints.fetch into its folder
 (weights/<name> in a source checkout, else MINISPEC_HOME or the user cache). Anything else of the
 form `owner/name[@revision]` is fetched with `huggingface_hub` (a dependency of `tokenizers`, so always installed) into its usual cache, with its usual environment:
 HF_HOME / HF_HUB_CACHE pick the cache folder, HF_HUB_OFFLINE=1 reads only what is cached, HF_TOKEN
@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from minispec.errors import CheckpointError
-from minispec.known import is_known
+from minispec.checkpoints.known import is_known
 
 # what a checkpoint folder needs: config.json, tokenizer*.json, chat_template.jinja, model*.safetensors(.index.json)
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "chat_template.jinja"]
@@ -53,7 +53,7 @@ def resolve_checkpoint(spec: str | Path, revision: str | None = None, *, what: s
         if revision is not None:
             raise CheckpointError(f"{what} {spec}: a revision ({revision!r}) was given for a known checkpoint; "
                                   "expected a hub repo id for a revision")
-        from minispec.weights import ensure_checkpoint
+        from minispec.checkpoints.fetch import ensure_checkpoint
 
         try:
             return ensure_checkpoint(text)

@@ -1,7 +1,7 @@
 """The draft-then-verify loop over trees: the second chapter, read after the chain (speculative.py).
 
 The chain loop drafts d_1..d_g and keeps a prefix. Here a drafter proposes a tree of candidates
-(minispec.tree.DraftTree), the target scores every node in ONE pass (each node sees only its
+(minispec.trees.tree.DraftTree), the target scores every node in ONE pass (each node sees only its
 ancestors), and the policy walks down from the root:
 
     draft:    tree      = drafter.propose_tree(seq, budget, depth)   N nodes, at most `depth` deep
@@ -16,19 +16,19 @@ ends with its row's argmax as the bonus token. So the output equals plain greedy
 any tree, exactly as the chain's exact match does, and a width-1 tree IS the chain.
 
 Sampling walk (T > 0): multi-draft speculative sampling over siblings (SpecInfer's recursive
-rejection, minispec.acceptance.trees.sampling_walk): each sibling is tested against what the
+rejection, minispec.trees.walks.sampling_walk): each sibling is tested against what the
 target would still emit after the siblings before it were rejected, so the output is distributed
 exactly as sampling from the target, whatever the tree.
 
 Other policies walk the tree in their own way, looked up by the policy's class
-(minispec.acceptance.trees.walk_for; a policy of your own joins with register_walk): typical
+(minispec.trees.walks.walk_for; a policy of your own joins with register_walk): typical
 acceptance moves to the first typical child; DropMatch judges each node with K dropout heads at
 its parent's row, OR-ed with the greedy or sampling base.
 
 Budget: a tree of N nodes costs one verify pass of N+1 rows (a chain of gamma costs gamma+1), so
 trees and chains compare at equal N+1. generate_tree takes the chain's arguments plus
 `tree=TreeSpec(budget, branching, width)` (the CLI's --tree / --branching / --tree-width), builds
-the tree form of the chain's draft (minispec.tree_drafters.make_tree_drafter) and drafts trees
+the tree form of the chain's draft (minispec.trees.drafters.make_tree_drafter) and drafts trees
 gamma deep.
 """
 
@@ -41,17 +41,17 @@ import torch
 
 from minispec import acceptance
 from minispec.acceptance import AcceptancePolicy, ExactMatch, SpeculativeSampling
-from minispec.acceptance.trees import TreeDecision, TreeInput, walk_for
+from minispec.trees.walks import TreeDecision, TreeInput, walk_for
 from minispec.checks import check_gamma, is_int
 from minispec.errors import MinispecError
-from minispec.loop import (GenerationResult, StopCondition, TokenCallback, check_request, commit, first_token,
+from minispec.chain.loop import (GenerationResult, StopCondition, TokenCallback, check_request, commit, first_token,
                            record_step, refuse)
-from minispec.memory import check_fits, kv_cache_bytes, verify_bytes
-from minispec.model import Transformer
-from minispec.sampling import SamplingParams
-from minispec.stats import PhaseTimer, StepStats, run_stats
-from minispec.tree import DraftTree, keep_path, tree_mask, tree_positions
-from minispec.tree_drafters import TreeDrafter, TreeSpec, make_tree_drafter
+from minispec.model.memory import check_fits, kv_cache_bytes, verify_bytes
+from minispec.model.transformer import Transformer
+from minispec.model.sampling import SamplingParams
+from minispec.chain.stats import PhaseTimer, StepStats, run_stats
+from minispec.trees.tree import DraftTree, keep_path, tree_mask, tree_positions
+from minispec.trees.drafters import TreeDrafter, TreeSpec, make_tree_drafter
 
 __all__ = ["generate_tree", "tree_decode", "decide_tree", "TreeSpec"]
 
@@ -78,14 +78,14 @@ def generate_tree(
 ) -> GenerationResult:
     """Tree-speculative decoding: draft a tree, verify it in one pass, walk it with the policy.
 
-    The arguments are the chain's (minispec.speculative.generate), and:
+    The arguments are the chain's (minispec.chain.speculative.generate_chain), and:
     draft: what can branch: "ngram[:N]", "early-exit:N", "self:bf16|int8", a draft model or a
       checkpoint folder (made into a tree drafter by make_tree_drafter), or a tree drafter itself.
     tree: a TreeSpec, or an int: its budget (the most nodes per tree: one verify pass of budget+1
       rows); gamma: how deep a tree goes.
-    policy: a policy with a tree walk (minispec.acceptance.trees.walk_for), or None: the greedy
+    policy: a policy with a tree walk (minispec.trees.walks.walk_for), or None: the greedy
       walk at T = 0 (output = plain greedy decoding), multi-draft speculative sampling at T > 0
-      (output distributed as sampling from the target: minispec.acceptance.trees.sampling_walk).
+      (output distributed as sampling from the target: minispec.trees.walks.sampling_walk).
     draft_length and on_step are a chain's only: anything but their defaults is a one-line error.
     Randomness: one torch.Generator seeded with `seed` (the draft's draws and the walk's coins)
     and the policy's own (DropMatch's masks, reset(seed)).
@@ -195,5 +195,5 @@ def tree_decode(target: Transformer, drafter: TreeDrafter, policy: AcceptancePol
 
 def decide_tree(policy: AcceptancePolicy, tree: DraftTree, target_logits: torch.Tensor, hidden: torch.Tensor,
                 head, params: SamplingParams, generator: torch.Generator) -> TreeDecision:
-    """The policy's tree walk (minispec.acceptance.trees.walk_for): the accepted path and the token after it."""
+    """The policy's tree walk (minispec.trees.walks.walk_for): the accepted path and the token after it."""
     return walk_for(policy)(policy, TreeInput(tree, target_logits, params, generator, hidden, head))

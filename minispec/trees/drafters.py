@@ -1,6 +1,6 @@
 """Tree drafters: a chain drafter's guesses, branched, and the shape a run asks of them.
 
-A tree drafter proposes a minispec.tree.DraftTree of up to `budget` nodes, at most `depth` deep,
+A tree drafter proposes a minispec.trees.tree.DraftTree of up to `budget` nodes, at most `depth` deep,
 after the committed context (whose last token is the root):
 
     propose_tree(context, budget, depth, vocab_size, params, generator) -> DraftTree
@@ -25,11 +25,11 @@ from typing import Sequence
 import torch
 
 from minispec.checks import is_int, positive_int
-from minispec.drafters import ModelDrafter, NgramDrafter, make_drafter
+from minispec.chain.drafters import ModelDrafter, NgramDrafter, make_drafter
 from minispec.errors import MinispecError
-from minispec.model import Transformer
-from minispec.sampling import SamplingParams, logits_to_probs, sample_token
-from minispec.tree import DraftTree, tree_mask, tree_positions
+from minispec.model.transformer import Transformer
+from minispec.model.sampling import SamplingParams, logits_to_probs, sample_token
+from minispec.trees.tree import DraftTree, tree_mask, tree_positions
 
 
 DEFAULT_BRANCHING = (4, 2, 1)  # a model-draft tree's children per node at depth 1, 2, 3
@@ -132,7 +132,7 @@ class ModelTreeDrafter(TreeDrafter):
     top-k; at T > 0 k draws WITHOUT replacement from q = the draft's post-processed distribution,
     and q_draft of the j-th child is the distribution it was drawn from (q with the earlier
     siblings' tokens removed, renormalised), which is what a lossless walk over siblings needs
-    (minispec.acceptance.trees.sampling_walk). Ranking uses the draft's softmax at T = 1.
+    (minispec.trees.walks.sampling_walk). Ranking uses the draft's softmax at T = 1.
 
     Sampling constrains the shape: which nodes get children, and how many, is decided before the
     children are drawn (the most probable frontier nodes first, until the budget), and the
@@ -247,7 +247,7 @@ def children(logits: torch.Tensor, k: int, params: SamplingParams,
                     k draws without replacement, each row the distribution it was drawn from
 
     The logits row is what DropMatch's JS test reads (the draft's distribution at this child,
-    minispec.acceptance.trees.dropmatch_walk); the q row is what the sampling walk reads.
+    minispec.trees.walks.dropmatch_walk); the q row is what the sampling walk reads.
     """
     masked = logits.clone()  # [V] the logits row of the next child
     remaining = None if params.greedy else logits_to_probs(logits, params).double()  # [V]
@@ -317,7 +317,7 @@ def model_branching(tree: TreeSpec, depth: int | None) -> tuple[int, ...]:
 
 
 def make_tree_drafter(spec, target: Transformer, tree: TreeSpec, depth: int | None = None) -> TreeDrafter:
-    """The tree form of a chain drafter spec (minispec.drafters.make_drafter's spec), or a TreeDrafter as is.
+    """The tree form of a chain drafter spec (minispec.chain.drafters.make_drafter's spec), or a TreeDrafter as is.
 
     "ngram[:N]" -> NgramTreeDrafter(max_ngram=N); "early-exit:N", "self:bf16|int8", a Transformer
     or a checkpoint folder -> ModelTreeDrafter with tree.branching (model_branching: checked

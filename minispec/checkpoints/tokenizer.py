@@ -152,11 +152,11 @@ class StreamDecoder:
 def load_tokenizer(path: str | Path, revision: str | None = None) -> Tokenizer:
     """Read tokenizer.json (required) and tokenizer_config.json, generation_config.json, config.json (optional).
 
-    `path`: a checkpoint folder or a hub repo id 'owner/name[@revision]' (minispec.hub).
+    `path`: a checkpoint folder or a hub repo id 'owner/name[@revision]' (minispec.checkpoints.hub).
     """
     from tokenizers import Tokenizer as Backend
 
-    from minispec.hub import resolve_checkpoint
+    from minispec.checkpoints.hub import resolve_checkpoint
 
     folder = resolve_checkpoint(path, revision, what="checkpoint")
     tokenizer_file = folder / "tokenizer.json"

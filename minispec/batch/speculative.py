@@ -15,7 +15,7 @@ own length. The loop below keeps that simple:
 
 What makes a row independent of its batch-mates:
 - positions and masks: row r's tokens sit at its own positions, and attend only to its own past
-  (minispec.ragged_cache); a pad only ever follows a row's real tokens and is rolled back.
+  (minispec.batch.ragged_cache); a pad only ever follows a row's real tokens and is rolled back.
 - randomness: every row has its own torch.Generator (seeded from its own seed) and its own copy
   of the policy (reset with that seed) and of the draft-length schedule. Row r's draws happen in
   the order they would alone, so generate_batch(prompts, seed=s)[r] is generate(prompts[r], seed=s)
@@ -24,7 +24,7 @@ What makes a row independent of its batch-mates:
   the other rows; shorter drafts are padded to G in the verify pass.
 
 Stats: each row's GenerationResult has the chain loop's per-row figures (tau, acceptance, ...);
-BatchResult.stats pools them (minispec.stats; the pooled tau is all committed tokens over all
+BatchResult.stats pools them (minispec.chain.stats; the pooled tau is all committed tokens over all
 row-steps) and adds the batch's own: aggregate tokens per second, batched passes, rows per pass.
 """
 
@@ -37,19 +37,20 @@ from typing import Callable, Sequence
 
 import torch
 
-from minispec import acceptance, draft_length as draft_lengths
+from minispec import acceptance
+from minispec.chain import draft_length as draft_lengths
 from minispec.acceptance.base import AcceptancePolicy
-from minispec.batch_drafters import BatchDrafter, make_batch_drafter
+from minispec.batch.drafters import BatchDrafter, make_batch_drafter
 from minispec.checks import check_gamma, is_int, positive_int
-from minispec.draft_length import DraftLength
-from minispec.drafters import Draft
+from minispec.chain.draft_length import DraftLength
+from minispec.chain.drafters import Draft
 from minispec.errors import MinispecError
-from minispec.loop import (GenerationResult, StopCondition, check_eos, check_prompt, check_seed, commit, finish_reason,
+from minispec.chain.loop import (GenerationResult, StopCondition, check_eos, check_prompt, check_seed, commit, finish_reason,
                            record_step, refuse, verify_input)
-from minispec.model import Transformer
-from minispec.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
-from minispec.sampling import SamplingParams, next_token
-from minispec.stats import PhaseTimer, StepStats, run_stats
+from minispec.model.transformer import Transformer
+from minispec.batch.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
+from minispec.model.sampling import SamplingParams, next_token
+from minispec.chain.stats import PhaseTimer, StepStats, run_stats
 
 # Called with each row's newly emitted tokens: on_tokens(prompt_index, tokens, num_accepted, num_proposed)
 # (the chain's TokenCallback with the prompt's index in front).

@@ -40,7 +40,7 @@ from typing import Sequence
 import torch
 
 from minispec.errors import CacheOverflowError
-from minispec.kv_cache import KVCache
+from minispec.model.kv_cache import KVCache
 
 PAD_ID = 0  # the token fed where a row has nothing to feed; rolled back before anyone reads it
 

@@ -117,5 +117,5 @@ def get(spec: str | DraftLength, gamma: int) -> DraftLength:
         return spec
     if spec not in SCHEDULES:
         raise MinispecError(f"--draft-length = {spec!r}: unknown draft length schedule; expected one of "
-                            f"{', '.join(SCHEDULES)} (or a minispec.draft_length.DraftLength)")
+                            f"{', '.join(SCHEDULES)} (or a minispec.chain.draft_length.DraftLength)")
     return SCHEDULES[spec](gamma)

@@ -5,7 +5,7 @@
     rollback(num_valid)                             row r's first num_valid[r] context tokens still hold
     keep_rows(rows)                                 the other rows finished
 
-The batch loop (minispec.batch) talks to this interface as the chain loop talks to a Drafter,
+The batch loop (minispec.batch.speculative) talks to this interface as the chain loop talks to a Drafter,
 one list entry per row still running. Two kinds:
 
   BatchModelDrafter  a model drafter (separate model, early exit, self-draft) run on a
@@ -29,10 +29,10 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from minispec.drafters import Draft, Drafter, ModelDrafter, confidence, make_drafter
-from minispec.model import Transformer
-from minispec.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
-from minispec.sampling import SamplingParams, logits_to_probs, next_token
+from minispec.chain.drafters import Draft, Drafter, ModelDrafter, confidence, make_drafter
+from minispec.model.transformer import Transformer
+from minispec.batch.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
+from minispec.model.sampling import SamplingParams, logits_to_probs, next_token
 
 
 class BatchDrafter(ABC):
@@ -150,7 +150,7 @@ class RowwiseDrafter(BatchDrafter):
 
 
 def make_batch_drafter(spec, target: Transformer, *, p_min: float = 0.0) -> BatchDrafter | None:
-    """The batch form of `minispec.drafters.make_drafter(spec, target)`: None for plain decoding."""
+    """The batch form of `minispec.chain.drafters.make_drafter(spec, target)`: None for plain decoding."""
     if isinstance(spec, BatchDrafter):
         return spec
     drafter = make_drafter(spec, target, p_min=p_min)

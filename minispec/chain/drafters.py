@@ -25,7 +25,7 @@ The self-drafts and early exit draft on the target's own cache instead when its 
 allow (ModelDrafter's docstring): no prefill and no catch-up for the draft.
 
 A model drafter may also stop early where it is unsure (`p_min`, llama.cpp's --draft-p-min:
-ModelDrafter's docstring); how many tokens to ask for in the first place is minispec.draft_length's.
+ModelDrafter's docstring); how many tokens to ask for in the first place is minispec.chain.draft_length's.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 
 from minispec.errors import MinispecError
-from minispec.kv_cache import KVCache
-from minispec.model import Transformer
-from minispec.sampling import SamplingParams, logits_to_probs, next_token
+from minispec.model.kv_cache import KVCache
+from minispec.model.transformer import Transformer
+from minispec.model.sampling import SamplingParams, logits_to_probs, next_token
 
 
 @dataclass
@@ -269,7 +269,7 @@ def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, 
         return ModelDrafter(self_draft(target, arg), name=text, share_cache=True, p_min=p_min)
     path = Path(text)
     if path.is_dir():
-        from minispec.checkpoint import load_model
+        from minispec.checkpoints.load import load_model
 
         draft = load_model(path, dtype=dtype or target.dtype, device=target.device)
         _check_vocab(draft.config.vocab_size, vocab, f"--draft {path}")

@@ -37,7 +37,7 @@ class RopeScaling:
 
     Long wavelengths (low frequencies, wavelen > original_max / low_freq_factor) are slowed down
     by `factor`; short ones (wavelen < original_max / high_freq_factor) are kept; the band in
-    between is interpolated linearly in 1/wavelen. See `minispec.model.rope_inv_freq`.
+    between is interpolated linearly in 1/wavelen. See `minispec.model.transformer.rope_inv_freq`.
     """
 
     factor: float

@@ -69,10 +69,10 @@ from typing import Callable
 import torch
 
 from minispec.acceptance.base import Decision, VerifyInput, first_rejection, register
-from minispec.acceptance.dropmatch import DropMatch, head_inputs, js_divergence, vote_acceptances
+from minispec.acceptance.dropmatch.rule import DropMatch, head_inputs, js_divergence, vote_acceptances
 from minispec.checks import is_int
 from minispec.errors import MinispecError
-from minispec.sampling import greedy_token
+from minispec.model.sampling import greedy_token
 
 LN2 = math.log(2.0)
 RADIUS_BOUND_SLACK = 1e-4  # far above the round-off of a float32 JS or TV sum over the vocabulary

@@ -1,6 +1,6 @@
 """Acceptance over draft trees: walk down from the root, keep a path, emit the token after it.
 
-A draft tree (minispec.tree.DraftTree) holds N candidate nodes in topological order; the target
+A draft tree (minispec.trees.tree.DraftTree) holds N candidate nodes in topological order; the target
 scores all of them in one pass of N+1 rows:
 
     target_logits [N+1, V]   row 0 scores the root's children, row i+1 node i's children
@@ -52,13 +52,13 @@ import torch
 
 from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput
 from minispec.acceptance.block import TraversalVerification
-from minispec.acceptance.dropmatch import DropMatch
+from minispec.acceptance.dropmatch.rule import DropMatch
 from minispec.acceptance.exact import ExactMatch
 from minispec.acceptance.sampling import SpeculativeSampling, acceptance_probability, residual_distribution
 from minispec.acceptance.typical import TypicalAcceptance, typical_acceptances
 from minispec.errors import MinispecError
-from minispec.sampling import SamplingParams, greedy_token, logits_to_probs, sample_token
-from minispec.tree import DraftTree
+from minispec.model.sampling import SamplingParams, greedy_token, logits_to_probs, sample_token
+from minispec.trees.tree import DraftTree
 
 
 @dataclass
@@ -111,7 +111,7 @@ def walk_for(policy: AcceptancePolicy) -> TreeWalk:
     walk = _WALKS.get(type(policy))
     if walk is None:
         raise MinispecError(f"policy {policy.name!r} has no tree form; expected {', '.join(walk_names())} or a "
-                            "policy with a walk of its own (minispec.acceptance.trees.register_walk) with a tree, "
+                            "policy with a walk of its own (minispec.trees.walks.register_walk) with a tree, "
                             "or a chain: no tree")
     return walk
 

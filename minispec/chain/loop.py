@@ -1,16 +1,16 @@
 """What every decoding loop shares: its results and callbacks, its input checks, and its steps.
 
-The chain (minispec.speculative), the tree (minispec.tree_speculative) and the batch
-(minispec.batch) loops all run the same skeleton, and this module holds its common parts so that
+The chain (minispec.chain.speculative), the tree (minispec.trees.speculative) and the batch
+(minispec.batch.speculative) loops all run the same skeleton, and this module holds its common parts so that
 each chapter imports them from here and never from another chapter:
 
     check:    prompt, params, generator, eos = check_request(...)    one-line errors, then the run's state
     prefill:  tokens, reason, seconds = first_token(target, prompt, cache, ...)   the prompt, its first token
     verify:   inp = verify_input(draft, target_logits, ...)            what a chain policy sees
     commit:   emitted, reason = commit(tokens, emitted, eos, ...)      token by token, up to the first end
-    count:    record_step(steps, g, n, len(emitted), info)             minispec.stats counts the step
+    count:    record_step(steps, g, n, len(emitted), info)             minispec.chain.stats counts the step
 
-and the run ends with minispec.stats.run_stats. A loop's invariant (the target cache holds every
+and the run ends with minispec.chain.stats.run_stats. A loop's invariant (the target cache holds every
 committed token but the last) is each chapter's own and is stated there.
 """
 
@@ -25,11 +25,11 @@ import torch
 
 from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput
 from minispec.checks import is_int, positive_int
-from minispec.drafters import Draft
+from minispec.chain.drafters import Draft
 from minispec.errors import CacheOverflowError, MinispecError
-from minispec.model import Transformer
-from minispec.sampling import SamplingParams, logits_to_probs, next_token
-from minispec.stats import StepStats
+from minispec.model.transformer import Transformer
+from minispec.model.sampling import SamplingParams, logits_to_probs, next_token
+from minispec.chain.stats import StepStats
 
 # Called with each batch of newly emitted tokens, as soon as they are known (for streaming):
 # on_tokens(tokens, num_accepted, num_proposed). The first num_accepted tokens are accepted
@@ -45,7 +45,7 @@ StopCondition = Callable[[list[int]], bool]
 @dataclass
 class GenerationResult:
     tokens: list[int]  # generated ids (an eos token, if one ended the run, is included)
-    stats: dict = field(default_factory=dict)  # minispec.stats.run_stats; each figure in docs/metrics.md
+    stats: dict = field(default_factory=dict)  # minispec.chain.stats.run_stats; each figure in docs/metrics.md
 
     @property
     def finish_reason(self) -> str:
@@ -55,7 +55,7 @@ class GenerationResult:
 
 @dataclass
 class StepRecord:
-    """One verify step of the chain as the loop saw it, handed to `on_step` (minispec.trace prints these)."""
+    """One verify step of the chain as the loop saw it, handed to `on_step` (minispec.generate.trace prints these)."""
 
     index: int  # 0-based verify step
     inp: VerifyInput  # what the policy saw: drafts, q_draft, target logits, p_target

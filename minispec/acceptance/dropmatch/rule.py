@@ -62,8 +62,8 @@ from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputErr
 from minispec.acceptance.sampling import correction_or_bonus, sample_acceptances
 from minispec.checks import is_int, positive_int
 from minispec.errors import MinispecError
-from minispec.memory import check_fits
-from minispec.sampling import greedy_token, sample_token
+from minispec.model.memory import check_fits
+from minispec.model.sampling import greedy_token, sample_token
 
 CRITERIA = ("js_or_majority", "js", "majority", "naive")
 MASK_STREAM = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: keeps the mask stream apart from the verify stream
