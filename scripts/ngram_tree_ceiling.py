@@ -65,7 +65,7 @@ from benchlib import fmt, md_table, median
 import torch  # noqa: E402
 
 from minispec.cli import ranged  # noqa: E402
-from minispec.chain.drafters import NgramDrafter  # noqa: E402
+from minispec.chain.drafters import NgramDrafter, ngram_order, suffix_matches  # noqa: E402
 
 PROG = "ngram_tree_ceiling"
 AGREEMENT_CAP = 64  # backward agreement is counted up to this many tokens
@@ -170,35 +170,21 @@ class Run:
         """suffix_matches of context(e, extra), remembered (every source asks at the same steps)."""
         key = (e, extra)
         if key not in self._matches:
-            self._matches[key] = suffix_matches(self.context(e, extra))
+            self._matches[key] = suffix_matches(self.context(e, extra), AGREEMENT_CAP)
         return self._matches[key]
 
 
-def suffix_matches(context: Sequence[int], cap: int = AGREEMENT_CAP) -> list[tuple[int, int]]:
-    """(end, agreement) for every earlier position `end` <= len - 2 holding the context's last
-    token, most recent first; agreement = how many tokens back the two stretches agree
-    (context[end - i] == context[-1 - i] for i < agreement), at most `cap`."""
-    last, size = context[-1], len(context)
-    found = []
-    for end in range(size - 2, -1, -1):
-        if context[end] == last:
-            n = 1
-            while n < cap and end - n >= 0 and context[end - n] == context[size - 1 - n]:
-                n += 1
-            found.append((end, n))
-    return found
-
-
 def ordered_ends(matches: list[tuple[int, int]], order: str, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
-    """The match ends in the order a source takes them; repeats dropped (a repeat proposes the same
-    continuation, which adds no node to a trie, so dropping it changes no tree).
+    """The ends of suffix_matches (minispec.chain.drafters) in the order a source takes them; repeats
+    dropped (a repeat proposes the same continuation, which adds no node to a trie, so dropping it
+    changes no tree).
 
-    ngram:   NgramTreeDrafter's: n = max_ngram down to min_ngram, most recent first within each n
+    ngram:   NgramTreeDrafter's (ngram_order): n = max_ngram down to min_ngram, most recent first within each n
     recent:  most recent first, any agreement >= min_ngram
     longest: the longest agreement first (ties: most recent)
     """
     if order == "ngram":
-        ends = [end for n in range(max_ngram, min_ngram - 1, -1) for end, agree in matches if agree >= n]
+        ends = ngram_order(matches, max_ngram, min_ngram)
     elif order == "recent":
         ends = [end for end, agree in matches if agree >= min_ngram]
     elif order == "longest":

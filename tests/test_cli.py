@@ -443,3 +443,38 @@ def test_help_shows_every_default(monkeypatch):
         assert f"(default: {default})" in line, line
         checked += 1
     assert checked >= 10  # --max-new-tokens, --dtype, --temperature, --seed, --gamma, ...
+
+
+def test_a_registered_user_policy_takes_its_options_from_the_command_line(real_ckpt, capsys):
+    """A policy registered with acceptance.register is named on the command line with its own options,
+    converted by its constructor's signature (a float, a bool): no flag of minispec's is needed."""
+    import torch
+
+    from minispec import acceptance
+    from minispec.acceptance import AcceptancePolicy, Decision, first_rejection
+
+    built = []
+
+    @acceptance.register("test-cli-threshold")
+    class Threshold(AcceptancePolicy):
+        """Keep a draft while the target gives it at least `threshold`; the next token is p's argmax."""
+
+        def __init__(self, threshold: float = 0.5, count: bool = False) -> None:
+            self.threshold, self.count = threshold, count
+            built.append(self)
+
+        def decide(self, inp):
+            p_draft = inp.p_target[:-1].gather(1, inp.draft_tokens[:, None])[:, 0]  # [gamma]
+            n = first_rejection(p_draft >= self.threshold)
+            return Decision(n, int(torch.argmax(inp.p_target[n])))
+
+    common = ("--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "12", "--json", "--draft", "ngram")
+    never = json.loads(run_cli(capsys, *common, "--policy", "test-cli-threshold:threshold=1.5,count=true")[1])
+    assert (built[-1].threshold, built[-1].count) == (1.5, True)
+    assert never["stats"]["policy"] == "test-cli-threshold" and never["stats"]["acceptance_rate"] == 0
+    always = json.loads(run_cli(capsys, *common, "--policy", "test-cli-threshold:threshold=0")[1])
+    assert (built[-1].threshold, built[-1].count) == (0.0, False)
+    assert always["stats"]["acceptance_rate"] > 0 and len(built) == 2
+    code, _, err = run_cli(capsys, *common, "--policy", "test-cli-threshold:thresold=0")
+    assert code == 2 and err == ("minispec.generate: error: --policy test-cli-threshold: unknown option "
+                                 "'thresold'; its options are ['count', 'threshold']\n")

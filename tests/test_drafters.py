@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from minispec.chain.drafters import ModelDrafter, NgramDrafter, make_drafter
+from minispec.chain.drafters import ModelDrafter, NgramDrafter, make_drafter, ngram_order, suffix_matches
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams
 from minispec.chain.speculative import generate_chain as generate
@@ -18,6 +18,25 @@ def test_ngram_lookup_proposes_what_followed_the_last_match():
     assert d.lookup([1, 2, 3, 4, 9, 1, 2, 5, 1, 2], 3) == [5, 1, 2]  # the most recent "1 2"
     assert d.lookup([1, 2, 3], 2) == []
     assert d.lookup([7, 3, 8, 3], 4) == [8, 3]  # unigram fallback, clipped at the end
+
+
+def reference_matches(context, max_ngram, min_ngram):
+    """Prompt lookup by its definition: for n = max_ngram down to min_ngram, every earlier start whose
+    n tokens equal the context's last n, most recent first; each as the index its continuation starts at."""
+    return [start + n for n in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1)
+            for start in range(len(context) - n - 1, -1, -1) if context[start:start + n] == context[-n:]]
+
+
+@settings(max_examples=200)
+@given(context=st.lists(st.integers(0, 3), max_size=24), max_ngram=st.integers(1, 5), min_ngram=st.integers(1, 5))
+def test_the_suffix_search_is_prompt_lookup_by_its_definition(context, max_ngram, min_ngram):
+    """suffix_matches + ngram_order (the one search the chain, the tree and the offline ceilings use)
+    give the definition's matches in its order, and the chain's lookup takes the first of them."""
+    max_ngram = max(max_ngram, min_ngram)
+    want = reference_matches(context, max_ngram, min_ngram)
+    assert [end + 1 for end in ngram_order(suffix_matches(context, max_ngram), max_ngram, min_ngram)] == want
+    lookup = NgramDrafter(max_ngram, min_ngram).lookup(context, 3)
+    assert lookup == (context[want[0]:want[0] + 3] if want else [])
 
 
 def test_ngram_draft_is_one_hot_and_keeps_no_cache():

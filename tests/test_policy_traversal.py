@@ -19,7 +19,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minispec.acceptance import BlockVerification, TraversalVerification, VerifyInput
-from minispec.acceptance import trees
+from minispec.trees import walks as trees
 from minispec.acceptance.sampling import acceptance_probability, residual_distribution
 from minispec.trees.walks import children_by_row, greedy_walk, traversal_walk, traverse
 from minispec.model.sampling import SamplingParams, logits_to_probs

@@ -60,7 +60,7 @@ def test_ngram_order_builds_propose_trees_tree(context, budget, depth):
             path.append(tree.tokens[n])
             n = tree.parents[n]
         paths.add(tuple(reversed(path)))
-    ours = ntc.trie(ntc.continuations(context, ntc.ordered_ends(ntc.suffix_matches(context), "ngram"), depth), budget)
+    ours = ntc.trie(ntc.continuations(context, ntc.ordered_ends(ntc.suffix_matches(context, ntc.AGREEMENT_CAP), "ngram"), depth), budget)
     assert ours.size == len(paths) and all(ours.accepted(p) == len(p) for p in paths)
 
 

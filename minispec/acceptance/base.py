@@ -183,10 +183,27 @@ def get(policy: str | AcceptancePolicy, **kwargs) -> AcceptancePolicy:
     if not isinstance(policy, str) or policy not in _REGISTRY:
         raise MinispecError(f"policy = {policy!r}: unknown acceptance policy; expected one of {available()}")
     cls = _REGISTRY[policy]
-    options = [name for name, param in inspect.signature(cls).parameters.items()
-               if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)]
+    options = list(constructor_options(policy))
     unknown = sorted(set(kwargs) - set(options))
     if unknown:
         expected = f"its options are {options}" if options else "it takes no options"
         raise MinispecError(f"policy {policy!r}: unknown option(s) {unknown}; {expected}")
     return cls(**kwargs)
+
+
+def constructor_options(policy: str) -> dict[str, type | None]:
+    """A registered policy's constructor options: name -> the type its value takes (bool, int, float or
+    str: the default's type, else the annotation's), or None where neither says."""
+    parameters = inspect.signature(_REGISTRY[policy]).parameters.values()
+    return {param.name: option_type(param) for param in parameters
+            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)}
+
+
+def option_type(param: inspect.Parameter) -> type | None:
+    """bool, int, float or str from a parameter's default, else from its annotation (text or type)."""
+    simple = (bool, int, float, str)
+    if type(param.default) in simple:
+        return type(param.default)
+    annotation = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
+    kinds = [kind for kind in simple if kind.__name__ in annotation.replace(" ", "").split("|")]
+    return kinds[0] if len(kinds) == 1 else None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,18 +187,43 @@ class NgramDrafter(Drafter):
         self.name = f"ngram:{max_ngram}" if min_ngram == 1 else f"ngram:{min_ngram}-{max_ngram}"
 
     def lookup(self, context: list[int], gamma: int) -> list[int]:
-        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            suffix = context[-n:]
-            for start in range(len(context) - n - 1, -1, -1):  # most recent match first, not the suffix itself
-                if context[start:start + n] == suffix:
-                    return context[start + n:start + n + gamma]
-        return []
+        """The gamma tokens after the first match in ngram_order (the longest suffix, most recent)."""
+        ends = ngram_order(suffix_matches(context, self.max_ngram), self.max_ngram, self.min_ngram)
+        return context[ends[0] + 1:ends[0] + 1 + gamma] if ends else []
 
     def propose(self, context, gamma, params, generator) -> Draft:
         tokens = self.lookup(context, gamma)
         q_draft = torch.zeros(len(tokens), self.vocab_size)
         q_draft[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0  # one-hot rows
         return Draft(tokens, q_draft, None)
+
+
+def suffix_matches(context: Sequence[int], cap: int) -> list[tuple[int, int]]:
+    """Every earlier occurrence of the context's last token, most recent first, as (end, n).
+
+    The occurrence is context[end] (end <= len - 2: the last token itself does not count), and the
+    n tokens ending there equal the context's last n: context[end - i] == context[-1 - i] for i < n,
+    with 1 <= n <= cap. What follows it, context[end + 1:], is what that occurrence proposes.
+    Prompt lookup (NgramDrafter), its tree form (NgramTreeDrafter) and the offline ceilings in
+    scripts/ all search the context this way.
+    """
+    size = len(context)
+    if size < 2:
+        return []
+    found = []
+    for end in range(size - 2, -1, -1):
+        if context[end] == context[-1]:
+            n = 1
+            while n < cap and end - n >= 0 and context[end - n] == context[size - 1 - n]:
+                n += 1
+            found.append((end, n))
+    return found
+
+
+def ngram_order(matches: list[tuple[int, int]], max_ngram: int, min_ngram: int = 1) -> list[int]:
+    """The ends of `matches` in prompt lookup's order: suffix length n = max_ngram down to min_ngram,
+    most recent first within each n; an end is listed once for each n its match reaches."""
+    return [end for n in range(max_ngram, min_ngram - 1, -1) for end, reach in matches if reach >= n]
 
 
 def self_draft(target: Transformer, precision: str) -> Transformer:

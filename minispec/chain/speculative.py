@@ -18,7 +18,7 @@ A target pass over g+1 tokens costs about as much as over 1 when decoding is mem
 (the weights are read once either way), so every accepted draft is a token for free.
 
 This file is chapter 1's loop: speculative_decode (the loop), plain_decode (the baseline) and
-generate (one prompt: checks, then one of the two). What every loop shares (results, checks,
+generate_chain (one prompt: checks, then one of the two). What every loop shares (results, checks,
 prefill, commit, counting) is minispec.chain.loop; trees and batches are chapters of their own, and
 minispec.decode.generate is the front door that hands a call to the right one.
 """

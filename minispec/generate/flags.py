@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from minispec.cli import Parser, given_flags, nonempty, ranged
@@ -25,10 +25,12 @@ DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16
 PROG = "minispec.generate"
 DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
 DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
-POLICY_FLAGS = {  # a policy's own settings: flag dest -> (the policy they belong to, its constructor's option)
+POLICY_FLAGS = {  # shorthands for a policy's own options: flag dest -> (the policy, its constructor's option)
     "lenience_beta": ("lenience", "beta"), "fly_window": ("fly", "window_size"),
     "fly_entropy_threshold": ("fly", "entropy_threshold"), "fly_entropy_top_k": ("fly", "entropy_top_k"),
 }
+DROPMATCH_OPTIONS = {"dropout_p": "p", "paths": "paths", "criterion": "criterion", "majority": "majority",
+                     "or_base": "or_base"}  # DropMatch's shorthands (both of its policies): flag dest -> option
 TREE_FLAGS = ("branching", "tree_width")
 DRAFT_MODEL_FLAGS = ("draft_kernels", "draft_vocab")  # shape a separate draft model's own weights
 SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree", "vs_plain") + \
@@ -87,7 +89,7 @@ class GenerateArgs:
     kernels: str
     json: bool
     draft: str | None
-    policy: str
+    policy: str  # the policy's name; its options from --policy NAME:key=value,... are in policy_options
     gamma: int
     draft_length: str
     draft_p_min: float
@@ -112,6 +114,7 @@ class GenerateArgs:
     draft_vocab: int | None = None
     vs_plain: bool = False
     batch_size: int | None = None  # None: one prompt; N: --prompt-file's lines, N at a time
+    policy_options: dict = field(default_factory=dict)  # --policy NAME:key=value,...: constructor options
     given: frozenset[str] = frozenset()  # the flags given on the command line (their dest names)
 
 
@@ -169,8 +172,11 @@ def build_parser() -> Parser:
                                             "'early-exit:N', 'self:bf16' or 'self:int8'"),
                    help="drafter: a checkpoint folder, known name (qwen2.5-coder-0.5b-instruct, ...) or hub repo id, "
                         "'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
-    s.add_argument("--policy", default="exact",
-                   help="acceptance policy: exact, sampling, block (Sun et al.'s block verification: lossless, never "
+    s.add_argument("--policy", default="exact", type=nonempty("--policy", "NAME or NAME:key=value,..."),
+                   metavar="NAME[:key=value,...]",
+                   help="acceptance policy, with any of its constructor's options after a colon (e.g. "
+                        "typical:eps=0.05,delta=0.2 or dropmatch-lazy:p=0.3,paths=5; a registered policy of your own "
+                        "takes its options the same way): exact, sampling, block (Sun et al.'s block verification: lossless, never "
                         "fewer accepted tokens than sampling; vLLM's rejection_sample_method 'block'), traversal "
                         "(its tree form, Weng et al.: lossless on --tree; on a chain, block), typical, lenience "
                         "(sampling against --lenience-beta times the draft; lossy), fly (FLy: exact / sampling plus "
@@ -290,7 +296,67 @@ def parse_args(argv: list[str] | None = None) -> GenerateArgs:
     parser = build_parser()
     ns = parser.parse_args(argv)
     ns.stop = tuple(ns.stop)
+    ns.policy, ns.policy_options = policy_spec(ns.policy)
     return GenerateArgs(**vars(ns), given=given_flags(parser, argv))
+
+
+def policy_spec(text: str) -> tuple[str, dict]:
+    """--policy NAME[:key=value,...] -> (NAME, {key: value}), each value converted to the type of the
+    registered policy's constructor parameter (its default's type, else its annotation): bool from
+    true/false, int, float, str; None from none. Unknown names and options are one line each."""
+    from minispec import acceptance
+    from minispec.acceptance.base import constructor_options
+
+    name, colon, rest = text.partition(":")
+    if name not in acceptance.available():
+        raise MinispecError(f"--policy {name!r}: unknown acceptance policy; expected one of {acceptance.available()}")
+    if colon and not rest:
+        raise MinispecError(f"--policy {text!r}: expected key=value after the colon, or no colon")
+    parameters = constructor_options(name)
+    options = {}
+    for item in rest.split(",") if rest else []:
+        key, equals, value = item.partition("=")
+        key = key.strip()
+        if not equals or not key:
+            raise MinispecError(f"--policy {text!r}: {item!r} is not key=value")
+        if key not in parameters:
+            expected = f"its options are {sorted(parameters)}" if parameters else "it takes no options"
+            raise MinispecError(f"--policy {name}: unknown option {key!r}; {expected}")
+        if key in options:
+            raise MinispecError(f"--policy {name}: option {key!r} given twice")
+        options[key] = option_value(name, key, value.strip(), parameters[key])
+    return name, options
+
+
+def option_value(policy: str, key: str, text: str, kind: type | None):
+    """One --policy option's text as `kind` (bool, int, float or str; None: a number if it reads as one)."""
+    if text.lower() == "none":
+        return None
+    if kind is bool:
+        if text.lower() in ("true", "yes", "1", "false", "no", "0"):
+            return text.lower() in ("true", "yes", "1")
+        raise MinispecError(f"--policy {policy}: {key} = {text!r}; expected true or false")
+    for number in ((int,) if kind is int else (float,) if kind is float else (int, float) if kind is None else ()):
+        try:
+            return number(text)
+        except ValueError:
+            if kind is not None:
+                raise MinispecError(f"--policy {policy}: {key} = {text!r}; expected {'an integer' if kind is int else 'a number'}") from None
+    return text
+
+
+def shorthands(policy: str) -> dict[str, str]:
+    """The flags that set one of `policy`'s options: flag dest -> option."""
+    if policy in DROPMATCH_POLICIES:
+        return dict(DROPMATCH_OPTIONS)
+    return {dest: option for dest, (owner, option) in POLICY_FLAGS.items() if owner == policy}
+
+
+def policy_options(args: GenerateArgs) -> dict:
+    """The options the policy is built with: its shorthand flags' values (given or default), then
+    the options given in --policy NAME:key=value,... (never both for one option: check_flags)."""
+    options = {option: getattr(args, dest) for dest, option in shorthands(args.policy).items()}
+    return options | dict(args.policy_options)
 
 
 def check_flags(args: GenerateArgs) -> None:
@@ -337,14 +403,23 @@ def check_flags(args: GenerateArgs) -> None:
                                 "(or - for stdin) with it")
         if args.batch_size is not None and dest in NOT_BATCHED:
             raise MinispecError(f"{flag(dest)}: {NOT_BATCHED[dest]}; expected one of --batch-size and {flag(dest)}")
+    for dest, option in shorthands(args.policy).items():
+        if dest in args.given and option in args.policy_options:
+            raise MinispecError(f"{flag(dest)}: sets {args.policy}'s {option}, which --policy {args.policy}:{option}=... "
+                                "sets too; expected one of the two")
+    if args.policy_options and args.draft is None:
+        raise MinispecError("--policy: options apply only to speculative decoding; expected a --draft "
+                            "(without one, decoding is plain)")
     if args.draft is not None and args.policy == "lenience" and args.temperature == 0:
         raise MinispecError("--policy lenience: at --temperature 0 the target gives every draft but its argmax "
                             "probability 0, so lenience is exact match whatever --lenience-beta; expected "
                             "--temperature > 0 (or --policy exact)")
-    if args.draft is not None and args.policy == "fly" and args.fly_window >= args.gamma:
-        raise MinispecError(f"--fly-window {args.fly_window}: FLy defers a rejection only when the {args.fly_window} "
+    window = policy_options(args).get("window_size")
+    if args.draft is not None and args.policy == "fly" and isinstance(window, int) and window >= args.gamma:
+        given = "--policy fly:window_size=" if "window_size" in args.policy_options else "--fly-window "
+        raise MinispecError(f"{given}{window}: FLy defers a rejection only when the {window} "
                             f"drafts after it are in the same step, and --gamma {args.gamma} drafts at most; expected "
-                            f"--fly-window below --gamma (or a larger --gamma)")
+                            f"the window below --gamma (or a larger --gamma)")
     if "agreement" in args.given and args.dropout_p != "auto":
         raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
     if args.batch_size is not None and args.dropout_p == "auto" and args.policy in DROPMATCH_POLICIES:

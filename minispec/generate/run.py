@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from minispec.errors import MinispecError
-from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, POLICY_FLAGS, GenerateArgs, check_flags
+from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, GenerateArgs, check_flags, policy_options
 from minispec.generate.printing import Printer, StopStrings, decoded_text, print_prompt_text, use_colour
 
 if TYPE_CHECKING:
@@ -72,10 +72,10 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
     from minispec.decode import generate
 
     prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
-    p = args.dropout_p
+    p = policy_options(args).get("p", args.dropout_p)
     if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
         from minispec.acceptance.dropmatch.calibrate import CALIBRATION_TOKENS, auto_dropout_p
-        from minispec.chain.speculative import generate as generate_chain
+        from minispec.chain.speculative import generate_chain
 
         from minispec.chain.loop import check_prompt
 
@@ -83,7 +83,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         room = model.config.max_position_embeddings - len(prompt_ids)  # >= --max-new-tokens >= 1
         continuation = generate_chain(model, prompt_ids, max_new_tokens=min(CALIBRATION_TOKENS, room),
                                       eos_token_ids=tokenizer.eos_token_ids).tokens  # the target's own, plainly
-        p = auto_dropout_p(model, prompt_ids, args.paths, args.agreement, continuation=continuation)
+        p = auto_dropout_p(model, prompt_ids, policy_options(args)["paths"], args.agreement, continuation=continuation)
     _apply_kernels(args, model, drafter, ckpt)
     policy = _policy(args, p)
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
@@ -225,7 +225,7 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
                             f"{len(prompts) - 1}; expected --seed <= {2**64 - len(prompts)} for {len(prompts)} prompts")
     progress.start(prompts)
     _apply_kernels(args, model, drafter, ckpt)
-    p = args.dropout_p  # a number: auto is refused with --batch-size
+    p = policy_options(args).get("p", args.dropout_p)  # a number: auto is refused with --batch-size
     policy = _policy(args, p)
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
     progress.print_text = not args.json
@@ -375,13 +375,13 @@ def _read_stdin() -> str:
 
 
 def _policy(args: GenerateArgs, p: float | str):
+    """The policy named by --policy, with its options (policy_options), DropMatch's p as calibrated."""
     from minispec import acceptance
 
+    options = policy_options(args)
     if args.policy in DROPMATCH_POLICIES:
-        return acceptance.get(args.policy, p=p, paths=args.paths, criterion=args.criterion,
-                              majority=args.majority, or_base=args.or_base)  # masks seeded from --seed by the loop
-    options = {option: getattr(args, dest) for dest, (policy, option) in POLICY_FLAGS.items() if policy == args.policy}
+        options["p"] = p  # masks seeded from --seed by the loop
     try:
         return acceptance.get(args.policy, **options)
     except MinispecError as err:
-        raise MinispecError(f"--{err}") from None
+        raise MinispecError(f"--policy {args.policy}: {err}") from None

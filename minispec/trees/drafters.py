@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from minispec.checks import is_int, positive_int
-from minispec.chain.drafters import ModelDrafter, NgramDrafter, make_drafter
+from minispec.chain.drafters import ModelDrafter, NgramDrafter, make_drafter, ngram_order, suffix_matches
 from minispec.errors import MinispecError
 from minispec.model.transformer import Transformer
 from minispec.model.sampling import SamplingParams, logits_to_probs, sample_token
@@ -85,13 +85,8 @@ class NgramTreeDrafter(TreeDrafter):
 
     def candidates(self, context: list[int], depth: int) -> list[list[int]]:
         """The continuations after every earlier match of the context's suffix, most recent first."""
-        found = []
-        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            suffix = context[-n:]
-            for start in range(len(context) - n - 1, -1, -1):  # not the suffix itself
-                if context[start:start + n] == suffix:
-                    found.append(context[start + n:start + n + depth])
-        return [c for c in found if c]
+        ends = ngram_order(suffix_matches(context, self.max_ngram), self.max_ngram, self.min_ngram)
+        return [context[end + 1:end + 1 + depth] for end in ends] if depth > 0 else []
 
     def propose_tree(self, context: list[int], budget: int, depth: int, vocab_size: int,
                      params: SamplingParams | None = None, generator: torch.Generator | None = None) -> DraftTree:
