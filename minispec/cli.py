@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import signal
 import sys
 from typing import Callable
@@ -100,10 +101,22 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> froz
     return frozenset(given)
 
 
-def run_main(prog: str, body: Callable[[], int | None]) -> int:
+def in_flags(message: str, flags: dict[str, str]) -> str:
+    """A library message in a command's words. The library names its arguments as `name=value`
+    (`draft='foo': unknown drafter`); each `name=` whose name is in `flags` (the API's name -> the
+    flag that sets it) reads `--flag value` instead. The one place where the CLI's words replace
+    the API's."""
+    if not flags:
+        return message
+    names = "|".join(re.escape(name) for name in sorted(flags, key=len, reverse=True))
+    return re.sub(rf"(?<![\w.-])({names})=(?!=)", lambda m: flags[m.group(1)] + " ", message)
+
+
+def run_main(prog: str, body: Callable[[], int | None], flags: dict[str, str] | None = None) -> int:
     """Run a command's body and return its exit status.
 
-    A MinispecError becomes `<prog>: error: <message>` (one line) and 2; Ctrl-C (KeyboardInterrupt,
+    A MinispecError becomes `<prog>: error: <message>` (one line, in the command's words: in_flags
+    with `flags`) and 2; Ctrl-C (KeyboardInterrupt,
     wherever it lands) becomes `<prog>: interrupted` and 130, after whatever the body printed on its
     way out; a closed stdout (BrokenPipeError) ends quietly with 141.
     """
@@ -113,7 +126,7 @@ def run_main(prog: str, body: Callable[[], int | None]) -> int:
         sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's own flush at exit
         return code
     except MinispecError as err:
-        print(f"{prog}: error: {' '.join(str(err).splitlines())}", file=sys.stderr)  # one line, always
+        print(f"{prog}: error: {in_flags(' '.join(str(err).splitlines()), flags or {})}", file=sys.stderr)  # one line
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)

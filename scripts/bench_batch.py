@@ -45,6 +45,7 @@ from functools import partial
 from pathlib import Path
 
 import benchlib
+from minispec.kernels import measure
 from benchlib import fmt, md_table, median, ratio
 
 import torch  # noqa: E402
@@ -238,28 +239,22 @@ def record(set_name: str, batch_size: int, config: Config, runs: list[dict], sec
 
 
 def pass_costs(target, batch_sizes, widths, context: int, reps: int = 10) -> list[dict]:
-    """ms of one target pass of [B, k] new tokens (blocks + the LM head on all B*k rows, as a
-    verify scores them) with every row holding `context` positions; the cache is rolled back after
-    each pass. The cached keys are zeros: what they hold does not change the cost."""
+    """ms of one target pass of [B, k] new tokens (minispec.kernels.measure.pass_costs: the blocks and
+    the LM head on all B*k rows, as a verify scores them) with every row holding `context` positions
+    of zeros (what they hold does not change the cost); the cache is rolled back after each pass."""
     from minispec.batch.ragged_cache import RaggedKVCache
 
     rows = []
-    with torch.inference_mode():
-        for batch_size in batch_sizes:
-            cache = target.new_cache(batch_size, context + max(widths), cache_class=RaggedKVCache)
-            cache.advance(context)
-
-            def one_pass(k, batch_size=batch_size, cache=cache):
-                hidden = target.forward_hidden(torch.zeros(batch_size, k, dtype=torch.long), cache)  # [B, k, d]
-                target.head(hidden.reshape(batch_size * k, -1))  # [B*k, V]
-                cache.truncate([context] * batch_size)
-
-            ms = benchlib.time_interleaved({k: partial(one_pass, k) for k in widths}, reps)
-            row = {"batch_size": batch_size, "context": context, **{f"k{k}_ms": 1000 * ms[k] for k in widths}}
-            for k in widths:
-                row[f"k{k}_over_k1"] = ratio(ms[k], ms[widths[0]])
-            rows.append(row)
-            del cache
+    for batch_size in batch_sizes:
+        cache = target.new_cache(batch_size, context + max(widths), cache_class=RaggedKVCache)
+        cache.advance(context)
+        ms = measure.pass_costs(target, cache, widths, rollback=partial(cache.truncate, [context] * batch_size),
+                                batch_size=batch_size, reps=reps)
+        row = {"batch_size": batch_size, "context": context, **{f"k{k}_ms": 1000 * ms[k] for k in widths}}
+        for k in widths:
+            row[f"k{k}_over_k1"] = ratio(ms[k], ms[widths[0]])
+        rows.append(row)
+        del cache
     return rows
 
 

@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 import benchlib
+from minispec.kernels import measure
 from benchlib import fmt, md_table, median, ratio
 
 import torch  # noqa: E402
@@ -76,22 +77,6 @@ MINISPEC = {
 TRANSFORMERS = ("transformers plain bf16", "transformers assisted, 0.5B draft")
 LLAMA = ("llama.cpp speculative, 0.5B draft, draft-n-max 5",)
 BASELINE = {"minispec": "plain fast bf16", "transformers": "transformers plain bf16"}
-
-
-def measure_bandwidth() -> float:
-    """GB/s of a bfloat16 matrix-vector product streaming 512 MiB (the packed kernel: the fastest here)."""
-    from minispec.kernels.packed import PackedLinear
-
-    weight = torch.randn(65536, 4096).to(torch.bfloat16)
-    layer, x = PackedLinear(weight, None), torch.randn(1, 4096)
-    nbytes = weight.numel() * 2
-    del weight
-    times = []
-    for _ in range(12):
-        t0 = time.perf_counter()
-        layer(x)
-        times.append(time.perf_counter() - t0)
-    return nbytes / median(times[2:]) / 1e9
 
 
 def load_all(folders: dict[str, Path]) -> dict:
@@ -215,7 +200,7 @@ def measure(args, _ckpt) -> dict:
     configs = list(MINISPEC) + ([] if args.no_transformers else list(TRANSFORMERS)) + (list(LLAMA) if bin_dir else [])
     todo = [(p, c) for p in prompts for c in configs
             if (f"{p.set}/{p.source_id}", c) not in done or "error" in done[(f"{p.set}/{p.source_id}", c)]]
-    bandwidth = measure_bandwidth()
+    bandwidth = measure.bandwidth()["bandwidth_gbps"]
     loaded = load_all(folders) if any(c in MINISPEC for _, c in todo) else None  # only what is left to run
     hf = None
     if any(c in TRANSFORMERS for _, c in todo):

@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 import benchlib
+from minispec.kernels import measure
 from benchlib import fmt, md_table, median, ratio
 
 import torch  # noqa: E402
@@ -49,29 +50,19 @@ SECTIONS = ("plain", "speculative")
 # ------------------------------------------------------------------------------------ bandwidth
 
 
-def measure_bandwidth(reps: int = 15, with_compiled: bool = False) -> dict:
-    """GB/s of a bfloat16 matrix-vector product over 256 MiB of weights: F.linear, the packed
-    oneDNN kernel and (with_compiled) TorchInductor's; bandwidth_gbps is the fastest."""
-    from minispec.kernels.packed import PackedLinear, packed_kernels_available
-
-    weight = torch.randn(32768, 4096).to(torch.bfloat16)  # [out, in]: 256 MiB
-    x = torch.randn(1, 4096).to(torch.bfloat16)  # [1, in]
-    nbytes = weight.numel() * weight.element_size()
-    result = {"bytes": nbytes}
-    with torch.inference_mode():
-        result["f_linear_gbps"] = nbytes / benchlib.timed(lambda: torch.nn.functional.linear(x, weight), reps) / 1e9
-        if packed_kernels_available():
-            packed = PackedLinear(weight, None)
-            result["packed_gbps"] = nbytes / benchlib.timed(lambda: packed(x), reps) / 1e9
-            del packed
+def measure_bandwidth(with_compiled: bool = False) -> dict:
+    """minispec.kernels.measure.bandwidth, and (with_compiled) TorchInductor's bfloat16 matrix-vector
+    product over the same 256 MiB; bandwidth_gbps is the fastest."""
+    result = measure.bandwidth()
     if with_compiled:
         from minispec.kernels.compiled import INDUCTOR_OPTIONS
 
         dense = torch.nn.Linear(4096, 32768, bias=False).to(torch.bfloat16).requires_grad_(False)
+        x = torch.randn(1, 4096).to(torch.bfloat16)  # [1, in]
         with torch.no_grad(), torch._inductor.config.patch(INDUCTOR_OPTIONS):
             matvec = torch.compile(dense)
-            result["compiled_gbps"] = nbytes / benchlib.timed(lambda: matvec(x), reps) / 1e9
-    result["bandwidth_gbps"] = max(v for k, v in result.items() if k.endswith("_gbps"))
+            result["compiled_bfloat16_gbps"] = 2 * dense.weight.numel() / benchlib.timed(lambda: matvec(x), 15) / 1e9
+        result["bandwidth_gbps"] = max(result.values())
     return result
 
 
@@ -235,9 +226,10 @@ def summarise_speculative(records: list[dict]) -> list[dict]:
 def render(result: dict) -> str:
     s, bw = result["settings"], result["bandwidth"]
     parts = ["# minispec: decoding speed\n", benchlib.record_markdown(result["run"]),
-             f"Streaming bandwidth (bfloat16 matrix-vector product, 256 MiB): F.linear {fmt(bw['f_linear_gbps'], '.1f')} "
-             f"GB/s, packed oneDNN {fmt(bw.get('packed_gbps'), '.1f')} GB/s, compiled {fmt(bw.get('compiled_gbps'), '.1f')} "
-             f"GB/s; B = {fmt(bw['bandwidth_gbps'], '.1f')} GB/s.\n"]
+             "Streaming bandwidth (a one-row matrix-vector product over 256 MiB of weights): "
+             + ", ".join(f"{key.removesuffix('_gbps').replace('_', ' ')} {fmt(value, '.1f')} GB/s"
+                         for key, value in bw.items() if key.endswith("_gbps") and key != "bandwidth_gbps")
+             + f"; B = {fmt(bw['bandwidth_gbps'], '.1f')} GB/s.\n"]
     if result["compile_seconds"]:
         parts.append("Compiled kind: " + ", ".join(f"{d} {v:.0f} s" for d, v in result["compile_seconds"].items())
                      + " of compiling before any timing.\n")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import sys
 
 import benchlib
+from minispec.kernels import measure
 from benchlib import md_table
 
 import torch  # noqa: E402
@@ -42,22 +43,12 @@ PROG = "bench_verify_cost"
 
 def pass_costs(model, context_ids: list[int], rows=(1, 2, 3, 4, 6, 9), reps: int = 25) -> dict[int, float]:
     """Median ms of one pass (blocks + LM head) of k new tokens on a cache that holds `context_ids`,
-    for each k in rows. Every pass is rolled back, so all see the same context."""
+    for each k in rows (minispec.kernels.measure.pass_costs). Every pass is rolled back."""
     cache = model.new_cache(1, len(context_ids) + max(rows) + 1)
-
-    def one_pass(k: int):
-        new = torch.tensor([context_ids[-k:]])  # [1, k]: any tokens; the cost does not depend on them
-
-        def run():
-            model.head(model.forward_hidden(new, cache)[0])  # [k, V]
-            cache.truncate(start)
-
-        return run
-
     with torch.inference_mode():
         model.forward_hidden(torch.tensor([context_ids]), cache)  # [1, S]: the prefill
-        start = cache.length
-        seconds = benchlib.time_interleaved({k: one_pass(k) for k in rows}, reps)
+    start = cache.length
+    seconds = measure.pass_costs(model, cache, rows, rollback=lambda: cache.truncate(start), reps=reps)
     return {k: 1000 * s for k, s in seconds.items()}
 
 

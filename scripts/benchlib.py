@@ -41,6 +41,7 @@ if str(ROOT) not in sys.path[:1]:
 import torch  # noqa: E402
 
 from minispec.cli import Parser, ranged, run_main  # noqa: E402
+from minispec.kernels.measure import time_interleaved, timed  # noqa: E402,F401 (the scripts time through benchlib)
 from minispec.errors import MinispecError  # noqa: E402
 
 # ------------------------------------------------------------------------------------- prompts
@@ -132,28 +133,6 @@ def humaneval_prompts(n: int) -> list[Prompt]:
 
 
 # -------------------------------------------------------------------------------------- timing
-
-
-def time_interleaved(fns: dict[str, Callable[[], object]], reps: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds of each function over `reps` repetitions, after `warmup` untimed ones.
-
-    Within a repetition the functions take turns, so a drift in the machine's speed (another process,
-    a frequency change) moves them all alike and their ratios stay meaningful.
-    """
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for repetition in range(warmup + reps):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            seconds = time.perf_counter() - t0
-            if repetition >= warmup:
-                samples[name].append(seconds)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
-    """Median seconds of fn() over `reps` calls after `warmup` untimed ones."""
-    return time_interleaved({"fn": fn}, reps, warmup)["fn"]
 
 
 def median(values: Iterable) -> float | None:

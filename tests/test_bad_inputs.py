@@ -485,8 +485,8 @@ ROWS: list[Row] = [
     cli("batch-stdin", f"{G} --prompt-file - --batch-size 2 --draft ngram --json", 0, check=check_batch_finished,
         stdin=b"hi\n\nho\n", note="one prompt per line, blank lines skipped"),
     # ---- a separate draft model's own settings; the speed-up report
-    cli("self-bf16-draft-of-a-bf16-target", f"{G} --dtype bf16 --draft self:bf16", 2, "--draft self:bf16",
-        "--dtype", "self:int8"),
+    cli("self-bf16-draft-of-a-bf16-target", f"{G} --dtype bf16 --draft self:bf16", 2, "--draft 'self:bf16'",
+        "--dtype", "--draft 'self:int8'"),
     cli("draft-vocab-with-ngram", f"{G} --draft ngram --draft-vocab 1000", 2, "--draft-vocab", "ngram"),
     cli("draft-kernels-with-self-draft", f"{G} --draft self:int8 --draft-kernels int8", 2, "--draft-kernels",
         "self:int8"),
@@ -502,11 +502,11 @@ ROWS: list[Row] = [
     cli("vs-plain-with-batch", f"{B} 2 --draft ngram --json --vs-plain", 2, "--vs-plain", "--batch-size",
         setup=TWO_PROMPTS),
     # ---- the weights command shares the exit path
-    cli("weights-dest-is-a-file", f"--dest CKPT/{WEIGHTS}", 2, f"CKPT/{WEIGHTS}", module="minispec.checkpoints.fetch"),
+    cli("weights-dest-is-a-file", f"--dest CKPT/{WEIGHTS}", 2, f"CKPT/{WEIGHTS}", module="minispec.weights"),
     cli("weights-unknown-name", "qwen-nope", 2, "'qwen-nope': not a known checkpoint", "--list",
-        module="minispec.checkpoints.fetch"),
-    cli("weights-list-with-name", "--list qwen2.5-coder-1.5b-instruct", 2, "--list", "NAME", module="minispec.checkpoints.fetch"),
-    cli("weights-bad-dtype", "--dtype float16", 2, "--dtype", "float16", module="minispec.checkpoints.fetch"),
+        module="minispec.weights"),
+    cli("weights-list-with-name", "--list qwen2.5-coder-1.5b-instruct", 2, "--list", "NAME", module="minispec.weights"),
+    cli("weights-bad-dtype", "--dtype float16", 2, "--dtype", "float16", module="minispec.weights"),
     # ---- Ctrl-C and a closed pipe (a real process each)
     Row("ctrl-c-streaming", tuple(LONG), 130, ("minispec.generate: interrupted",), setup=long_run(),
         run="interrupt-streaming", check=check_streamed_text_kept,
@@ -572,9 +572,9 @@ ROWS: list[Row] = [
     cli("draft-empty", G.split() + ["--draft", ""], 2, "--draft = ''", "ngram"),
     cli("prompt-file-empty-name", G.split() + ["--prompt-file", ""], 2, "--prompt-file = ''", "a file path"),
     api("load-model-empty-path", "load_model('')", CheckpointError, "checkpoint = ''", "a checkpoint folder"),
-    api("generate-empty-draft", "generate(model, [1, 2], max_new_tokens=2, draft='')", MinispecError, "--draft = ''",
+    api("generate-empty-draft", "generate(model, [1, 2], max_new_tokens=2, draft='')", MinispecError, "draft=''",
         "empty"),
-    cli("weights-dest-empty", ["--dest", ""], 2, "--dest = ''", "a folder path", module="minispec.checkpoints.fetch"),
+    cli("weights-dest-empty", ["--dest", ""], 2, "--dest = ''", "a folder path", module="minispec.weights"),
     cli("stop-special-token", f"{G} --prompt hi --stop <|im_end|>", 2, "--stop", "special token"),
     # ---- API mistakes as one line
     api("load-model-int8", "load_model(CKPT, dtype=torch.int8)", CheckpointError, "dtype", "torch.float32"),

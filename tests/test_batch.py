@@ -268,7 +268,7 @@ def test_generate_takes_several_prompts():
     (dict(seed=[1, -1]), "seed = -1; expected an integer 0 <= seed < 2**64"),
     (dict(batch_size=0), "batch_size = 0; expected an integer >= 1"),
     (dict(gamma=0, draft="ngram"), "gamma = 0; expected an integer >= 1"),
-    (dict(draft="nope"), "--draft = 'nope': unknown drafter"),
+    (dict(draft="nope"), "draft='nope': unknown drafter"),
 ])
 def test_clear_errors(call, message):
     target = random_model(tiny_config(), 0)

@@ -143,8 +143,8 @@ def test_out_of_range_flags(capsys, argv, message):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--policy", "nope", "--draft", "ngram"], "--policy = 'nope': unknown acceptance policy"),
-        (["--draft", "bogus"], "--draft = 'bogus': unknown drafter"),
+        (["--policy", "nope", "--draft", "ngram"], "--policy 'nope': unknown acceptance policy"),
+        (["--draft", "bogus"], "--draft 'bogus': unknown drafter"),
         (["--draft", "early-exit:30"], "expected an integer N with 1 <= N <= 29"),
         (["--kernels", "compiled", "--dtype", "float64"], "--kernels compiled"),
     ],

@@ -87,17 +87,17 @@ def test_get_builds_by_name_and_passes_objects_through():
 def test_get_and_schedule_errors_are_one_line():
     with pytest.raises(MinispecError) as err:
         draft_length.get("adaptive", 5)
-    assert "--draft-length = 'adaptive': unknown draft length schedule; expected one of fixed, heuristic" in one_line(err)
+    assert "draft_length='adaptive': unknown draft length schedule; expected one of fixed, heuristic" in one_line(err)
     with pytest.raises(MinispecError) as err:
         draft_length.get(Heuristic(8), 5)
-    assert "--draft-length" in one_line(err) and "up to 8 tokens; expected at most gamma=5" in one_line(err)
+    assert "draft_length=" in one_line(err) and "up to 8 tokens; expected at most gamma=5" in one_line(err)
     with pytest.raises(MinispecError) as err:
         Heuristic(4, start=5)
     assert "start = 5; expected an integer in 1..gamma=4" in one_line(err)
     target = random_model(tiny_config(), 0)
     with pytest.raises(MinispecError) as err:
         generate(target, [1], max_new_tokens=3, draft="ngram", draft_length="nope")
-    assert "--draft-length = 'nope'" in one_line(err)
+    assert "draft_length='nope'" in one_line(err)
 
 
 # ------------------------------------------------------------------------------- in the loop
@@ -235,7 +235,7 @@ def test_p_min_errors_are_one_line():
     for spec in ("ngram", "ngram:2", NgramDrafter(2)):
         with pytest.raises(MinispecError) as err:
             make_drafter(spec, target, p_min=0.5)
-        assert "--draft-p-min = 0.5: the n-gram drafter has no probabilities to cut on" in one_line(err)
+        assert "p_min=0.5: the n-gram drafter has no probabilities to cut on" in one_line(err)
     assert isinstance(make_drafter("ngram", target, p_min=0.0), NgramDrafter)
     for bad in (1.5, -0.1, math.nan):
         with pytest.raises(MinispecError) as err:

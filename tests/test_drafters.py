@@ -89,7 +89,7 @@ def one_line(err):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("bogus", "--draft = 'bogus': unknown drafter"),
+    ("bogus", "draft='bogus': unknown drafter"),
     ("early-exit:2", "expected an integer N with 1 <= N <= 1"),
     ("early-exit:x", "expected an integer N with 1 <= N <= 1"),
     ("ngram:0", "expected an integer N with 1 <= N"),
@@ -115,7 +115,7 @@ def test_a_bfloat16_self_draft_of_a_bfloat16_target_is_refused(dtype):
     if dtype == torch.bfloat16:
         with pytest.raises(MinispecError) as err:
             make_drafter("self:bf16", target)
-        assert one_line(err).startswith("--draft self:bf16: the target is already bfloat16")
+        assert one_line(err).startswith("draft='self:bf16': the target is already bfloat16")
         assert "--dtype" in str(err.value) and "self:int8" in str(err.value)
     else:
         assert make_drafter("self:bf16", target).model.dtype == torch.bfloat16
@@ -123,7 +123,7 @@ def test_a_bfloat16_self_draft_of_a_bfloat16_target_is_refused(dtype):
 
 def test_the_int8_self_draft_off_the_cpu_is_a_one_line_error_naming_the_flag():
     """The int8 kernel is CPU-only: a target elsewhere (here the meta device, which any machine
-    has) gets an error that names --draft self:int8 and the way out, before anything is copied."""
+    has) gets an error that names draft='self:int8' and the way out, before anything is copied."""
     from minispec.model.config import ModelConfig
     from minispec.model.transformer import Transformer
 
@@ -132,5 +132,5 @@ def test_the_int8_self_draft_off_the_cpu_is_a_one_line_error_naming_the_flag():
                       rope_scaling=None, max_position_embeddings=64, tie_word_embeddings=False, qk_norm=False)
     with torch.device("meta"):
         target = Transformer(cfg)
-    with pytest.raises(MinispecError, match=r"^--draft self:int8: the target is on meta; .* expected --draft self:bf16"):
+    with pytest.raises(MinispecError, match=r"^draft='self:int8': the target is on meta; .* expected draft='self:bf16'"):
         make_drafter("self:int8", target)

@@ -59,11 +59,11 @@ def test_speculative_on_the_compiled_path_equals_plain_greedy(pair):
 
 
 def test_apply_compiled_refuses_a_rewritten_model_and_a_missing_compiler(monkeypatch):
-    with pytest.raises(MinispecError, match="^--kernels compiled: the model was already rewritten to 'fast'"):
+    with pytest.raises(MinispecError, match="^kind='compiled': the model was already rewritten to 'fast'"):
         kernels.apply(kernels.apply(random_model(tiny_config(), 0, dtype=torch.float32), "fast"), "compiled")
     monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
     model = random_model(tiny_config(), 0, dtype=torch.float32)
-    with pytest.raises(MinispecError, match="^--kernels compiled: TorchInductor needs a C\\+\\+ compiler"):
+    with pytest.raises(MinispecError, match="^kind='compiled': TorchInductor needs a C\\+\\+ compiler"):
         kernels.apply(model, "compiled")
     assert kernels.kind_of(model) == "reference"
 

@@ -89,7 +89,7 @@ def test_lossless_sampling_with_a_restricted_draft_keeps_the_targets_distributio
 
 @pytest.mark.parametrize("keep", [0, -1, 65, True, 2.5])
 def test_a_bad_size_is_one_line(keep):
-    with pytest.raises(MinispecError, match=r"--draft-vocab .*expected a whole number of tokens in \[1, 64\]"):
+    with pytest.raises(MinispecError, match=r"keep=.*expected a whole number of tokens in \[1, 64\]"):
         frequent_head.apply(random_model(CONFIG, 0), keep)
 
 

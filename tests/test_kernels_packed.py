@@ -142,7 +142,7 @@ def test_a_mapped_embedding_gives_what_a_private_copy_gives_and_a_foreign_checkp
     other = load_model(tmp_path / "ckpt")
     with torch.no_grad():
         other.embed_tokens.weight[0] += 1.0  # no longer the file's table
-    with pytest.raises(MinispecError, match=r"^--kernels fast: checkpoint .* does not hold this model's embedding table"):
+    with pytest.raises(MinispecError, match=r"^kind='fast': checkpoint=.* does not hold this model's embedding table"):
         kernels.apply(other, "fast", checkpoint=tmp_path / "ckpt")
     assert kernels.kind_of(other) == "reference"  # refused before anything changed
 
@@ -193,28 +193,28 @@ def test_self_draft_needs_the_reference_target():
 def _one_line_error(model, kind, match, **kwargs):
     with pytest.raises(MinispecError, match=match) as err:
         kernels.apply(model, kind, **kwargs)
-    assert "\n" not in str(err.value) and str(err.value).startswith("--kernels ")
+    assert "\n" not in str(err.value) and str(err.value).startswith("kind=")
 
 
 @pytest.mark.parametrize("kind", ["fast", "compiled", "int8"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
 def test_apply_refuses_dtypes_without_kernels_and_leaves_the_model_as_it_was(kind, dtype):
     model = random_model(tiny_config(), 0, dtype=dtype)
-    _one_line_error(model, kind, rf"^--kernels {kind}: the model is {dtype}; expected float32 or bfloat16")
+    _one_line_error(model, kind, rf"^kind={kind!r}: the model is {dtype}; expected a float32 or bfloat16 model")
     assert kernels.kind_of(model) == "reference" and model.new_cache(1, 4).k[0].dtype == dtype
 
 
 def test_apply_errors_name_the_flag_and_what_is_expected(monkeypatch):
     model = random_model(INT8_CONFIG, 0, dtype=torch.float32)
-    _one_line_error(model, "turbo", r"^--kernels 'turbo': unknown kind; expected one of reference, fast, compiled, int8")
+    _one_line_error(model, "turbo", r"^kind='turbo': unknown kind; expected one of reference, fast, compiled, int8")
     _one_line_error(copy.deepcopy(model).to("meta"), "fast", r"on meta; expected a CPU model")
     _one_line_error(kernels.apply(copy.deepcopy(model), "int8"), "fast",
                     r"^--kernels fast: the model was already rewritten to 'int8'; expected a freshly loaded")
     _one_line_error(kernels.apply(copy.deepcopy(model), "fast"), "reference", r"already rewritten to 'fast'")
     model = random_model(tiny_config(), 0, dtype=torch.float32)
-    _one_line_error(model, "int8", r"^--kernels int8: intermediate_size = 24; expected a multiple of 16")
+    _one_line_error(model, "int8", r"^kind='int8': intermediate_size = 24; expected a multiple of 16")
     monkeypatch.setattr(packed, "packed_kernels_available", lambda: False)
-    _one_line_error(model, "fast", r"^--kernels fast: this torch build has no oneDNN")
+    _one_line_error(model, "fast", r"^kind='fast': this torch build has no oneDNN")
     assert kernels.kind_of(model) == "reference"
 
 
@@ -224,8 +224,8 @@ def test_a_dtype_this_cpu_cannot_pack_is_refused_and_auto_keeps_model_py(monkeyp
     bf16 = random_model(tiny_config(), 0, dtype=torch.bfloat16)
     fp32 = random_model(tiny_config(), 0, dtype=torch.float32)
     monkeypatch.setattr(packed, "packs", lambda dtype: dtype == torch.float32)
-    _one_line_error(bf16, "fast", r"^--kernels fast: this CPU's oneDNN has no packed torch.bfloat16 matmul .*"
-                                  r"expected --dtype float32, or --kernels reference$")
+    _one_line_error(bf16, "fast", r"^kind='fast': this CPU's oneDNN has no packed torch.bfloat16 matmul .*"
+                                  r"expected dtype=float32, or kind='reference'$")
     assert kernels.kind_of(bf16) == "reference"
     assert kernels.auto_kind(bf16) == "reference" and kernels.auto_kind(fp32) == "fast"
 

@@ -21,7 +21,7 @@ def _plain(system, prompt, tps, decode_tps, prefill_tps, tokens, dtype="float32"
 def _result(plain=(), speculative=(), compile_seconds=None):
     return {"run": benchlib.finish_record(benchlib.run_record("bench_speed", [])),
             "settings": {"new_tokens": 2, "spec_tokens": 4, "gammas": [5], "prompts": 2, "reps": 1},
-            "bandwidth": {"f_linear_gbps": 10.0, "packed_gbps": 20.0, "bandwidth_gbps": 20.0},
+            "bandwidth": {"f_linear_float32_gbps": 10.0, "packed_bfloat16_gbps": 20.0, "bandwidth_gbps": 20.0},
             "compile_seconds": compile_seconds or {}, "plain": list(plain), "speculative": list(speculative)}
 
 

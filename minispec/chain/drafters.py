@@ -240,15 +240,16 @@ def self_draft(target: Transformer, precision: str) -> Transformer:
                             f"({kernels.kind_of(target)}); build the self-draft first, then apply the kernels to both")
     if precision in ("bf16", "bfloat16"):
         if target.dtype == torch.bfloat16:  # the copy would be the target itself: every draft accepted, twice the work
-            raise MinispecError("--draft self:bf16: the target is already bfloat16, so its bfloat16 copy would be the "
-                                "target itself; expected a float32 or float64 target (--dtype), or --draft self:int8")
+            raise MinispecError("draft='self:bf16': the target is already bfloat16, so its bfloat16 copy would be the "
+                                "target itself; expected a float32 or float64 target (dtype=float32), or "
+                                "draft='self:int8'")
         return copy.deepcopy(target).to(torch.bfloat16)
     if precision == "int8":
         if target.device.type != "cpu":  # the int8 kernel (torch._weight_int8pack_mm) is CPU-only
-            raise MinispecError(f"--draft self:int8: the target is on {target.device}; the int8 self-draft runs "
-                                f"on the CPU only; expected --draft self:bf16 (or --device cpu)")
+            raise MinispecError(f"draft='self:int8': the target is on {target.device}; the int8 self-draft runs "
+                                f"on the CPU only; expected draft='self:bf16' (or device=cpu)")
         return kernels.apply(copy.deepcopy(target).to(torch.bfloat16), "int8")
-    raise MinispecError(f"--draft self:{precision}: unknown precision; expected self:bf16 or self:int8")
+    raise MinispecError(f"draft='self:{precision}': unknown precision; expected self:bf16 or self:int8")
 
 
 def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, *, dtype=None,
@@ -271,8 +272,8 @@ def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, 
                 return spec
             _check_vocab(spec.vocab_size, vocab, f"NgramDrafter(vocab_size={spec.vocab_size})")
         elif spec is not None and p_min > 0:
-            raise MinispecError(f"--draft-p-min = {p_min} given with a drafter object; expected it in the drafter's "
-                                f"own constructor (ModelDrafter(..., p_min=...))")
+            raise MinispecError(f"p_min={p_min} given with a drafter object; expected it in the drafter's own "
+                                f"constructor (ModelDrafter's p_min)")
         if isinstance(spec, ModelDrafter):
             _check_vocab(spec.model.config.vocab_size, vocab, f"ModelDrafter({spec.name})")
         return spec
@@ -281,7 +282,7 @@ def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, 
         return ModelDrafter(spec, p_min=p_min)
     text = str(spec)
     if not text.strip():  # Path("") would be the current folder
-        raise MinispecError(f"--draft = {text!r}: empty; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N', "
+        raise MinispecError(f"draft={text!r}: empty; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N', "
                             "'self:bf16' or 'self:int8'")
     kind, _, arg = text.partition(":")
     if kind == "ngram":
@@ -298,23 +299,23 @@ def make_drafter(spec: str | Transformer | Drafter | None, target: Transformer, 
         from minispec.checkpoints.load import load_model
 
         draft = load_model(path, dtype=dtype or target.dtype, device=target.device)
-        _check_vocab(draft.config.vocab_size, vocab, f"--draft {path}")
+        _check_vocab(draft.config.vocab_size, vocab, f"draft={str(path)!r}")
         return ModelDrafter(draft, name=path.name, p_min=p_min)
     raise MinispecError(
-        f"--draft = {text!r}: unknown drafter; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8'"
+        f"draft={text!r}: unknown drafter; expected a checkpoint folder, 'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8'"
     )
 
 
 def _check_p_min(p_min: float) -> float:
     if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0 <= p_min <= 1:  # `not <=` catches nan
-        raise MinispecError(f"--draft-p-min = {p_min!r}; expected a number in [0, 1] (0 = off)")
+        raise MinispecError(f"p_min={p_min!r}; expected a number in [0, 1] (0 = off)")
     return float(p_min)
 
 
 def _no_p_min_for_ngram(p_min: float) -> None:
     if p_min > 0:
-        raise MinispecError(f"--draft-p-min = {p_min}: the n-gram drafter has no probabilities to cut on (its "
-                            f"q_draft is one-hot, always sure); expected --draft-p-min 0 with an n-gram draft")
+        raise MinispecError(f"p_min={p_min}: the n-gram drafter has no probabilities to cut on (its "
+                            f"q_draft is one-hot, always sure); expected p_min=0 with an n-gram draft")
 
 
 def _check_vocab(draft_vocab: int, target_vocab: int, what: str) -> None:
@@ -332,5 +333,5 @@ def _int_arg(spec: str, arg: str, lo: int, hi: int | None = None) -> int:
         value = None
     if value is None or value < lo or (hi is not None and value > hi):
         rng = f"{lo} <= N" + (f" <= {hi}" if hi is not None else "")
-        raise MinispecError(f"--draft = {spec!r}: expected an integer N with {rng}")
+        raise MinispecError(f"draft={spec!r}: expected an integer N with {rng}")
     return value

@@ -148,7 +148,7 @@ def checkpoint_dir(name: str = DEFAULT_NAME, package_dir: Path | None = None) ->
     is (default: this one's folder; tests pass others)."""
     if os.environ.get("MINISPEC_HOME"):
         return Path(os.environ["MINISPEC_HOME"]).expanduser() / name
-    root = (package_dir or Path(__file__).resolve().parent).parent
+    root = (package_dir or Path(__file__).resolve().parents[1]).parent  # parents[1]: the minispec package
     if (root / "setup.cfg").is_file() and (root / "weights").is_dir() and (root / "minispec" / "__init__.py").is_file():
         return root / "weights" / name  # a source checkout (editable install or run in place)
     return user_cache_dir() / name
@@ -398,7 +398,7 @@ def _say(message: str, quiet: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: fetch and convert a known checkpoint (default: SmolLM2-135M-Instruct); print its path."""
-    parser = Parser(prog="minispec.checkpoints.fetch", description=__doc__.splitlines()[0])
+    parser = Parser(prog="minispec.weights", description=__doc__.splitlines()[0])
     parser.add_argument("name", nargs="?", default=None,
                         help=f"a known checkpoint (default: {DEFAULT_NAME}; --list shows them)")
     parser.add_argument("--list", action="store_true", help="print the known checkpoints (name, size, source) and exit")
@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             raise MinispecError(f"{dest}: {error.strerror or error}") from None
         return 0
 
-    return run_main("minispec.checkpoints.fetch", body)
+    return run_main("minispec.weights", body, {"dtype": "--dtype", "dest": "--dest", "force": "--force"})
 
 
 if __name__ == "__main__":

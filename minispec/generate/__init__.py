@@ -25,7 +25,7 @@ object with a result per prompt and the pooled stats).
 from __future__ import annotations
 
 from minispec.cli import raise_if_interrupted, run_main
-from minispec.generate.flags import PROG, GenerateArgs, build_parser, check_flags, parse_args
+from minispec.generate.flags import API_FLAGS, PROG, GenerateArgs, build_parser, check_flags, parse_args
 
 __all__ = ["main", "parse_args", "build_parser", "check_flags", "GenerateArgs"]
 
@@ -40,4 +40,4 @@ def main(argv: list[str] | None = None) -> int:
         raise_if_interrupted()  # a Ctrl-C that torch's import swallowed
         return report(args, run(args))
 
-    return run_main(PROG, body)
+    return run_main(PROG, body, API_FLAGS)

@@ -31,6 +31,12 @@ POLICY_FLAGS = {  # shorthands for a policy's own options: flag dest -> (the pol
 }
 DROPMATCH_OPTIONS = {"dropout_p": "p", "paths": "paths", "criterion": "criterion", "majority": "majority",
                      "or_base": "or_base"}  # DropMatch's shorthands (both of its policies): flag dest -> option
+API_FLAGS = {  # the library's argument names -> the flag that sets each (minispec.cli.in_flags)
+    "draft": "--draft", "p_min": "--draft-p-min", "dtype": "--dtype", "device": "--device", "kind": "--kernels",
+    "checkpoint": "--ckpt", "draft_length": "--draft-length", "gamma": "--gamma", "tree": "--tree",
+    "branching": "--branching", "width": "--tree-width", "keep": "--draft-vocab", "paths": "--paths",
+    "batch_size": "--batch-size", "max_new_tokens": "--max-new-tokens",
+}
 TREE_FLAGS = ("branching", "tree_width")
 DRAFT_MODEL_FLAGS = ("draft_kernels", "draft_vocab")  # shape a separate draft model's own weights
 SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree", "vs_plain") + \

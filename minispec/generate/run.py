@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from minispec.cli import in_flags
 from minispec.errors import MinispecError
 from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, GenerateArgs, check_flags, policy_options
 from minispec.generate.printing import Printer, StopStrings, decoded_text, print_prompt_text, use_colour
@@ -159,7 +160,10 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> None:
     kernels.apply(model, kind, checkpoint=ckpt)
     draft_model = None if drafter is None else drafter.model
     if args.draft_kernels != "same":
-        kernels.apply_drafter(drafter, args.draft_kernels)
+        try:
+            kernels.apply_drafter(drafter, args.draft_kernels)
+        except MinispecError as err:  # the draft's kind is --draft-kernels, not --kernels
+            raise MinispecError(in_flags(str(err), {"kind": "--draft-kernels"})) from None
     elif auto and draft_model is not None:  # a bfloat16 self-draft on a CPU that packs float32 only: reference
         kernels.apply_drafter(drafter, kernels.auto_kind(draft_model))
     else:

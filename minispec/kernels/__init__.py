@@ -55,12 +55,12 @@ def apply(model: Transformer, kind: str, *, checkpoint: str | Path | None = None
     that does not hold the model's embedding table. Every check runs before anything is changed.
     """
     if kind not in KINDS:
-        raise MinispecError(f"--kernels {kind!r}: unknown kind; expected one of {', '.join(KINDS)}")
+        raise MinispecError(f"kind={kind!r}: unknown kind; expected one of {', '.join(KINDS)}")
     current = kind_of(model)
     if current == kind:
         return model
     if current != "reference":
-        raise MinispecError(f"--kernels {kind}: the model was already rewritten to '{current}'; "
+        raise MinispecError(f"kind={kind!r}: the model was already rewritten to '{current}'; "
                             "expected a freshly loaded (reference) model")
     if kind == "reference":
         return model

@@ -111,8 +111,8 @@ def apply(model: Transformer, checkpoint: str | Path | None = None) -> CompiledT
     lazily, on the first step of each kind, or in `warm_up`."""
     packed.check_supported(model, "compiled")
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        raise MinispecError("--kernels compiled: TorchInductor needs a C++ compiler (c++ or g++ on PATH); "
-                            "none was found; expected one, or --kernels fast")
+        raise MinispecError("kind='compiled': TorchInductor needs a C++ compiler (c++ or g++ on PATH); "
+                            "none was found; expected one, or kind='fast'")
     packed.rewrite(model, DenseLinear, CompiledTransformer, checkpoint)
     eager = super(CompiledTransformer, model)  # the eager methods, bound to this model
     model.compiled_hidden = _compile(eager.forward_hidden)

@@ -80,10 +80,10 @@ def apply(model: Transformer, keep: int, added_ids: list[int] = (), *,
 
     vocab = model.config.vocab_size
     if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= vocab:
-        raise MinispecError(f"--draft-vocab {keep!r}: expected a whole number of tokens in [1, {vocab}] "
+        raise MinispecError(f"keep={keep!r}: expected a whole number of tokens in [1, {vocab}] "
                             "(the draft's vocabulary size)")
     if kernels.kind_of(model) != "reference" or isinstance(model.lm_head, FrequentHead):
-        raise MinispecError("--draft-vocab: expected a freshly loaded draft model (before kernels.apply, and "
+        raise MinispecError("frequent_head.apply: expected a freshly loaded draft model (before kernels.apply, and "
                             "with its full head)")
     if token_ids is None:
         token_ids = frequent_token_ids(keep, [i for i in added_ids if 0 <= i < vocab])

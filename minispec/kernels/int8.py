@@ -40,7 +40,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         if self.in_features % KERNEL_WIDTH:  # the kernel returns garbage otherwise, unchecked there
-            raise MinispecError(f"--kernels int8: a linear layer has in_features = {self.in_features}; "
+            raise MinispecError(f"kind='int8': a linear layer has in_features = {self.in_features}; "
                                 f"expected a multiple of {KERNEL_WIDTH}")
         w = weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # [out]
@@ -73,5 +73,5 @@ def apply(model: Transformer, checkpoint: str | Path | None = None) -> Int8Trans
     for name, width in (("hidden_size", c.hidden_size), ("intermediate_size", c.intermediate_size),
                         ("num_heads * head_dim", c.num_heads * c.head_dim)):
         if width % KERNEL_WIDTH:  # checked before any layer is rewritten
-            raise MinispecError(f"--kernels int8: {name} = {width}; expected a multiple of {KERNEL_WIDTH}")
+            raise MinispecError(f"kind='int8': {name} = {width}; expected a multiple of {KERNEL_WIDTH}")
     return packed.rewrite(model, Int8Linear, Int8Transformer, checkpoint)

@@ -243,11 +243,11 @@ class FastTransformer(Transformer):
 def check_supported(model: Transformer, kind: str) -> None:
     """Raise MinispecError unless `model` is a float32 or bfloat16 model on the CPU."""
     if model.dtype not in SUPPORTED_DTYPES:
-        raise MinispecError(f"--kernels {kind}: the model is {model.dtype}; expected float32 or bfloat16 "
-                            "(--dtype), or --kernels reference")
+        raise MinispecError(f"kind={kind!r}: the model is {model.dtype}; expected a float32 or bfloat16 model "
+                            "(dtype=float32), or kind='reference'")
     if model.device.type != "cpu":
-        raise MinispecError(f"--kernels {kind}: the model is on {model.device}; expected a CPU model "
-                            "(--device cpu), or --kernels reference")
+        raise MinispecError(f"kind={kind!r}: the model is on {model.device}; expected a CPU model "
+                            "(device=cpu), or kind='reference'")
 
 
 def rewrite(model: Transformer, linear: Callable[[torch.Tensor, torch.Tensor | None], nn.Module],
@@ -282,11 +282,11 @@ def apply(model: Transformer, checkpoint: str | Path | None = None) -> FastTrans
 def check_packs(dtype: torch.dtype, kind: str) -> None:
     """Raise MinispecError unless oneDNN packs `dtype` weights here (packs)."""
     if not packed_kernels_available():
-        raise MinispecError(f"--kernels {kind}: this torch build has no oneDNN (torch.backends.mkldnn); "
-                            "expected a CPU build with it, or --kernels reference")
+        raise MinispecError(f"kind={kind!r}: this torch build has no oneDNN (torch.backends.mkldnn); "
+                            "expected a CPU build with it, or kind='reference'")
     if not packs(dtype):
-        raise MinispecError(f"--kernels {kind}: this CPU's oneDNN has no packed {dtype} matmul (it needs AVX-512 "
-                            "BW/VL/DQ or AVX-NE-CONVERT); expected --dtype float32, or --kernels reference")
+        raise MinispecError(f"kind={kind!r}: this CPU's oneDNN has no packed {dtype} matmul (it needs AVX-512 "
+                            "BW/VL/DQ or AVX-NE-CONVERT); expected dtype=float32, or kind='reference'")
 
 
 def _embedding(model: Transformer, checkpoint: str | Path | None, kind: str) -> FastEmbedding:
@@ -305,7 +305,7 @@ def _embedding(model: Transformer, checkpoint: str | Path | None, kind: str) -> 
     table = map_tensor(checkpoint, "embed_tokens.weight")
     rows = torch.tensor([0, dense.shape[0] - 1])
     if table is None or table.shape != dense.shape or not torch.equal(table[rows].to(dense.dtype), dense[rows]):
-        raise MinispecError(f"--kernels {kind}: checkpoint {checkpoint} does not hold this model's embedding "
+        raise MinispecError(f"kind={kind!r}: checkpoint={str(checkpoint)!r} does not hold this model's embedding "
                             "table; expected the folder the model was loaded from")
     return FastEmbedding(table, dense.dtype)
 

@@ -206,7 +206,7 @@ class Transformer(nn.Module):
         positions = max_seq_len or c.max_position_embeddings
         check_fits(kv_cache_bytes(c, batch_size, positions, self.dtype, num_layers),
                    f"a KV cache of {batch_size} x {positions} positions", self.device,
-                   "fewer rows (--batch-size), a shorter prompt or fewer max_new_tokens (--max-new-tokens)")
+                   "fewer rows (batch_size=), a shorter prompt or fewer new tokens (max_new_tokens=)")
         return cache_class(
             num_layers or c.num_layers, batch_size, c.num_kv_heads, positions,
             c.head_dim, dtype=self.dtype, device=self.device,

@@ -301,12 +301,11 @@ def model_branching(tree: TreeSpec, depth: int | None) -> tuple[int, ...]:
         chosen = DEFAULT_BRANCHING if tree.width is None else DEFAULT_BRANCHING[:1]
         return chosen[:depth] if depth else chosen
     if tree.width is not None and len(tree.branching) > 1:
-        raise MinispecError(f"tree branching {','.join(map(str, tree.branching))} (--branching) with tree width "
-                            f"{tree.width} (--tree-width): a dynamic tree gives every expanded node the same number of "
+        raise MinispecError(f"branching={','.join(map(str, tree.branching))} with width={tree.width}: a dynamic tree gives every expanded node the same number of "
                             "children, and counts after the first would be ignored; expected one count")
     if depth is not None and len(tree.branching) > depth:
-        raise MinispecError(f"tree branching {','.join(map(str, tree.branching))} (--branching): {len(tree.branching)} "
-                            f"depths, but the tree is {depth} deep (gamma, --gamma), so the counts after the first "
+        raise MinispecError(f"branching={','.join(map(str, tree.branching))}: {len(tree.branching)} "
+                            f"depths, but the tree is {depth} deep (gamma={depth}), so the counts after the first "
                             f"{depth} would be ignored; expected at most {depth} counts, or a larger gamma")
     return tree.branching
 
@@ -330,10 +329,10 @@ def make_tree_drafter(spec, target: Transformer, tree: TreeSpec, depth: int | No
     chain = make_drafter(spec, target)  # the chain drafter's own checks and one-line errors
     if isinstance(chain, NgramDrafter):
         if tree.branching is not None or tree.width is not None:
-            shape = "--branching" if tree.branching is not None else "--tree-width"
-            raise MinispecError(f"tree {'branching' if tree.branching is not None else 'width'} ({shape}) with an "
-                                "n-gram tree: it shapes model-draft trees, and an n-gram tree takes every earlier match "
-                                f"of the context instead; expected no {shape} with an n-gram draft")
+            shape = "branching" if tree.branching is not None else "width"
+            raise MinispecError(f"{shape}={getattr(tree, shape)!r} with an n-gram tree: it shapes model-draft trees, "
+                                "and an n-gram tree takes every earlier match of the context instead; expected no "
+                                f"{shape}= with an n-gram draft")
         return NgramTreeDrafter(max_ngram=chain.max_ngram, min_ngram=min(chain.min_ngram, chain.max_ngram))
     if isinstance(chain, ModelDrafter):
         return ModelTreeDrafter(chain.model, num_layers=chain.num_layers, branching=model_branching(tree, depth),

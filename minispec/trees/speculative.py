@@ -128,7 +128,7 @@ def usable_budget(target: Transformer, drafter: TreeDrafter, budget: int, depth:
     if drafter.model is not None:
         nbytes += kv_cache_bytes(drafter.model.config, 1, max_context + used, drafter.model.dtype,
                                  getattr(drafter, "num_layers", None))
-    check_fits(nbytes, f"tree budget {budget} (--tree): its caches and one verify pass of {used + 1} rows",
+    check_fits(nbytes, f"tree={budget} (the budget): its caches and one verify pass of {used + 1} rows",
                target.device, "a smaller budget, or fewer max_new_tokens")
     return used
 

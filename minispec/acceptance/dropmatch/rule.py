@@ -149,7 +149,7 @@ class DropMatch(AcceptancePolicy):
         """K paths x rows: the uniforms and dropped hidden rows [K, rows, d] and their logits and
         softmax [K, rows, V], float32, must fit in memory."""
         check_fits(4 * self.paths * rows * (2 * hidden_size + 2 * vocab_size),
-                   f"dropmatch paths {self.paths} (--paths): {self.paths} x {rows} rows of logits per verify", device,
+                   f"dropmatch paths={self.paths}: {self.paths} x {rows} rows of logits per verify", device,
                    "fewer paths (the paper: 5)")
 
     def reset(self, seed: int | None = None) -> None:

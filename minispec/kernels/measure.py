@@ -1,0 +1,85 @@
+"""What this CPU does: timing that survives a drifting machine, the memory bandwidth, and the cost of
+a pass of k rows against a decode step. The benchmarks in scripts/ and the kernel choice share them.
+
+    time_interleaved({name: fn}, reps)   median seconds of each fn, the fns taking turns per repetition
+    bandwidth()                          GB/s streaming weights through a matrix-vector product:
+                                         the bound B on plain decoding is B / (bytes read per token)
+    pass_costs(model, cache, widths)     seconds of one pass of k new tokens per row, for each k
+
+A verify pass scores gamma + 1 rows; decoding is bound by reading the weights, so on a machine with
+arithmetic to spare pass(gamma + 1) ~ pass(1), and speculation pays tau x pass(1) / (gamma x
+draft + pass(gamma + 1)).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from minispec.kernels.packed import PackedLinear, packs
+
+
+def time_interleaved(fns: dict, reps: int, warmup: int = 1) -> dict:
+    """Median seconds of each function over `reps` repetitions, after `warmup` untimed ones.
+
+    Within a repetition the functions take turns, so a drift in the machine's speed (another process,
+    a frequency change) moves them all alike and their ratios stay meaningful.
+    """
+    samples: dict = {name: [] for name in fns}
+    for repetition in range(warmup + reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - t0
+            if repetition >= warmup:
+                samples[name].append(seconds)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
+    """Median seconds of fn() over `reps` calls after `warmup` untimed ones."""
+    return time_interleaved({"fn": fn}, reps, warmup)["fn"]
+
+
+def bandwidth(mib: int = 256, reps: int = 12) -> dict:
+    """GB/s of a one-row matrix-vector product streaming `mib` MiB of weights (far more than the
+    caches hold), through every kernel this CPU runs: F.linear in float32 and bfloat16, and oneDNN's
+    packed kernel for each dtype it packs here. bandwidth_gbps is the fastest: the rate weights can
+    be read at. A kernel the CPU lacks is left out, never an error."""
+    result = {}
+    x = torch.randn(1, 4096)  # [1, in]
+    with torch.inference_mode():
+        for dtype in (torch.float32, torch.bfloat16):
+            rows = mib * 2**20 // (4096 * dtype.itemsize)
+            weight = torch.randn(rows, 4096).to(dtype)  # [out, in]
+            nbytes = weight.numel() * dtype.itemsize
+            name = str(dtype).removeprefix("torch.")
+            result[f"f_linear_{name}_gbps"] = nbytes / timed(lambda: torch.nn.functional.linear(x.to(dtype), weight),
+                                                             reps) / 1e9
+            if packs(dtype):
+                packed = PackedLinear(weight, None)
+                result[f"packed_{name}_gbps"] = nbytes / timed(lambda: packed(x), reps) / 1e9
+                del packed
+            del weight
+    result["bandwidth_gbps"] = max(result.values())
+    return result
+
+
+def pass_costs(model, cache, widths: Sequence[int], rollback: Callable[[], None], batch_size: int = 1,
+               reps: int = 10) -> dict[int, float]:
+    """Median seconds of one target pass of [batch_size, k] new tokens (the blocks, then the LM head on
+    all batch_size x k rows, as a verify scores them) for each k in widths, on `cache` as it stands;
+    rollback() puts the cache back after each pass, so every pass sees the same context. The tokens
+    are zeros: what they are does not change the cost. k = 1 is a decode step."""
+    def one_pass(k: int):
+        def run():
+            hidden = model.forward_hidden(torch.zeros(batch_size, k, dtype=torch.long), cache)  # [B, k, d]
+            model.head(hidden.reshape(batch_size * k, -1))  # [B*k, V]
+            rollback()
+        return run
+
+    with torch.inference_mode():
+        return time_interleaved({k: one_pass(k) for k in widths}, reps)

@@ -1,0 +1,32 @@
+"""minispec.kernels.measure: the timing, bandwidth and pass-cost probes the benchmarks share. What
+is checked is what they return and what they leave behind, never how fast anything is."""
+
+import torch
+
+from minispec.kernels import measure
+from minispec.testing import random_model, tiny_config
+
+
+def test_time_interleaved_runs_each_function_in_turn_and_reports_every_name():
+    calls = []
+    seconds = measure.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, reps=3,
+                                       warmup=1)
+    assert calls == ["a", "b"] * 4 and set(seconds) == {"a", "b"} and all(s >= 0 for s in seconds.values())
+
+
+def test_bandwidth_reports_each_kernel_this_cpu_runs_and_the_fastest():
+    result = measure.bandwidth(mib=4, reps=2)
+    rates = {k: v for k, v in result.items() if k != "bandwidth_gbps"}
+    assert "f_linear_float32_gbps" in rates and all(v > 0 for v in rates.values())
+    assert result["bandwidth_gbps"] == max(rates.values())
+
+
+def test_pass_costs_leave_the_cache_as_they_found_it():
+    model = random_model(tiny_config(), 0)
+    cache = model.new_cache(1, 32)
+    with torch.inference_mode():
+        model.forward_hidden(torch.tensor([[1, 2, 3, 4, 5]]), cache)
+    before = [k[:, :, :5].clone() for k in cache.k]
+    seconds = measure.pass_costs(model, cache, (1, 3, 6), rollback=lambda: cache.truncate(5), reps=2)
+    assert sorted(seconds) == [1, 3, 6] and all(s > 0 for s in seconds.values())
+    assert cache.length == 5 and all(torch.equal(k[:, :, :5], old) for k, old in zip(cache.k, before))
