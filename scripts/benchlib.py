@@ -193,12 +193,18 @@ def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 # ---------------------------------------------------------------------------------- the record
 
 
+def script_path(prog: str) -> str:
+    """The script named `prog` as a command runs it from the repository root: scripts/<folder>/<prog>.py."""
+    found = sorted(SCRIPTS.rglob(f"{prog}.py"))
+    return found[0].relative_to(ROOT).as_posix() if found else f"scripts/{prog}.py"
+
+
 def run_record(prog: str, argv: Sequence[str], ckpt: Path | None = None) -> dict:
     """Everything needed to tell two results apart: the code, the libraries, the checkpoint, the
     command and the machine. Every script stores it in its JSON and renders it atop its markdown.
     `finish_record` adds the wall time and the load average at the end."""
     return {
-        "command": shlex.join(["python", f"scripts/{prog}.py", *argv]),
+        "command": shlex.join(["python", script_path(prog), *argv]),
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "python": platform.python_version(),

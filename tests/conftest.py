@@ -6,12 +6,19 @@ runs tests/test_device.py's loop properties on that device.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 from minispec.testing import load_profile
 
 load_profile()
+
+# The scripts' tests import them by name: scripts/ (the shared harness) and each folder of scripts.
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path[:0] = [str(SCRIPTS)] + sorted(str(folder) for folder in SCRIPTS.iterdir()
+                                        if folder.is_dir() and folder.name not in ("data", "__pycache__"))
 
 
 def pytest_addoption(parser):

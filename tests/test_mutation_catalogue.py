@@ -1,4 +1,4 @@
-"""The mutation catalogue (scripts/mutation_check.py) stays applicable: a mutant whose target text
+"""The mutation catalogue (scripts/tooling/mutation_check.py) stays applicable: a mutant whose target text
 no longer occurs exactly once in its file would stop the check (or mutate the wrong place) the
 next time it runs, so every code change that moves a mutant's text must move the mutant too."""
 

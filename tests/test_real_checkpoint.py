@@ -1,7 +1,7 @@
 """The real checkpoint (SmolLM2-135M-Instruct, converted from its GGUF), fp32, end to end.
 
 Golden values come from transformers' LlamaForCausalLM on the same folder
-(scripts/make_golden.py). Tolerance 2e-4 absolute on logits of magnitude ~10-30: the two
+(scripts/tooling/make_golden.py). Tolerance 2e-4 absolute on logits of magnitude ~10-30: the two
 implementations order their float32 operations differently through 30 layers; the observed
 maximum difference is 3.6e-5.
 

@@ -1,4 +1,4 @@
-"""scripts/bench_batch.py: one short run on a tiny random checkpoint (the real tokenizer and prompts)
+"""scripts/speed/bench_batch.py: one short run on a tiny random checkpoint (the real tokenizer and prompts)
 writes every table, and every configuration's rows are plain greedy decoding's; the summaries on
 hand-made records; the flags."""
 

@@ -1,4 +1,4 @@
-"""scripts/bench_draft_length.py: the configurations, one tiny run of every kind on a random model,
+"""scripts/speed/bench_draft_length.py: the configurations, one tiny run of every kind on a random model,
 the summary and the markdown, and the flags."""
 
 import subprocess
@@ -72,6 +72,6 @@ def test_summarise_takes_the_median_of_per_prompt_speed_ratios():
     (["--sets", "chat"], "--sets"),
 ])
 def test_bad_flag_is_one_line_and_exit_2(argv, flag):
-    out = subprocess.run([sys.executable, str(SCRIPTS / "bench_draft_length.py"), *argv], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(SCRIPTS / "speed" / "bench_draft_length.py"), *argv], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and flag in out.stderr and out.stderr.startswith("bench_draft_length: error:")

@@ -1,4 +1,4 @@
-"""scripts/bench_humaneval.py: configuration names, and the summary on planted records (pass@1, the
+"""scripts/rules/bench_humaneval.py: configuration names, and the summary on planted records (pass@1, the
 paired interval against the base, pooled tau and acceptance, the speed-up over the target alone,
 DropMatch's time share)."""
 

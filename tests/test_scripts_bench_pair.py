@@ -1,4 +1,4 @@
-"""scripts/bench_pair.py's arithmetic on planted records (the run itself needs the real pair and minutes):
+"""scripts/speed/bench_pair.py's arithmetic on planted records (the run itself needs the real pair and minutes):
 speed-ups are per prompt against the same tool's plain decoding, then the median; output equality
 is against minispec's bf16 plain decoding; the tables split HumanEval from MT-bench prompts."""
 

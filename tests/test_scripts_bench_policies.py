@@ -1,4 +1,4 @@
-"""scripts/bench_policies.py: the pure pieces on hand-made records, the flags, and one tiny end-to-end run."""
+"""scripts/rules/bench_policies.py: the pure pieces on hand-made records, the flags, and one tiny end-to-end run."""
 
 import json
 import sys
@@ -149,7 +149,7 @@ def hand_made_result():
 
 def test_render_markdown_has_every_table_with_the_hand_made_figures():
     text = bench.render_markdown(hand_made_result())
-    assert "`python scripts/bench_policies.py --quick`" in text
+    assert "`python scripts/rules/bench_policies.py --quick`" in text
     assert "| minispec ngram dropmatch/naive g5 | 2.60 | 32% | 14.0 | 1.40x |" in text
     for heading in ("## All sets pooled, temperature 0", "### tau per set", "### Speed-up per set",
                     "## DropMatch vs its base", "## Head agreement", "## Definitions"):
@@ -278,9 +278,9 @@ def test_end_to_end_tiny_run_writes_json_and_markdown(real_ckpt, tmp_path, capsy
     result = json.loads((out / "bench_policies.json").read_text())
     assert set(result) == {"run", "settings", "summary", "dropmatch_vs_base", "head_agreement", "records"}
     run = result["run"]
-    assert run["command"].startswith("python scripts/bench_policies.py --ckpt")
+    assert run["command"].startswith("python scripts/rules/bench_policies.py --ckpt")
     assert run["checkpoint"]["architecture"] == "LlamaForCausalLM"
-    assert bool(run["git_commit"]) == (Path(bench.__file__).resolve().parent.parent / ".git").exists()  # a checkout's commit
+    assert bool(run["git_commit"]) == (Path(bench.__file__).resolve().parents[2] / ".git").exists()  # a checkout's commit
     assert {"cpu", "cores", "torch_threads"} <= set(run["machine"]) and run["torch"] == torch.__version__
     records = result["records"]
     assert [r["label"] for r in records] == ["minispec plain", "minispec ngram exact g3",

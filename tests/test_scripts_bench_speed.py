@@ -1,4 +1,4 @@
-"""scripts/bench_speed.py: the summaries and the markdown on hand-made records, and the flags."""
+"""scripts/speed/bench_speed.py: the summaries and the markdown on hand-made records, and the flags."""
 
 import subprocess
 import sys
@@ -103,6 +103,6 @@ def test_summarise_speculative_measures_the_compiled_kind_against_its_own_plain(
     (["--gammas", "2,x"], "--gammas"),
 ])
 def test_bad_flag_is_one_line_and_exit_2(argv, flag):
-    out = subprocess.run([sys.executable, str(SCRIPTS / "bench_speed.py"), *argv], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, str(SCRIPTS / "speed" / "bench_speed.py"), *argv], capture_output=True, text=True)
     assert out.returncode == 2
     assert out.stderr.strip().count("\n") == 0 and flag in out.stderr and out.stderr.startswith("bench_speed: error:")

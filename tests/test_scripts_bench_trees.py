@@ -1,4 +1,4 @@
-"""scripts/bench_trees.py: one short run on the real checkpoint writes its tables, every row equal to plain greedy;
+"""scripts/speed/bench_trees.py: one short run on the real checkpoint writes its tables, every row equal to plain greedy;
 the shape specs parse (and bad ones are refused)."""
 
 import argparse
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-SCRIPT = SCRIPTS / "bench_trees.py"
+SCRIPT = SCRIPTS / "speed" / "bench_trees.py"
 
 
 def _bench_trees():

@@ -1,4 +1,4 @@
-"""scripts/dropmatch_quality.py, dropmatch_calibration.py, dropmatch_plot.py: the task, the paired
+"""scripts/dropmatch/dropmatch_quality.py, dropmatch_calibration.py, dropmatch_plot.py: the task, the paired
 comparisons and their intervals, the Pareto front; a short quality run on the real checkpoint."""
 
 import json

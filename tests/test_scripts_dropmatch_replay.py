@@ -1,4 +1,4 @@
-"""scripts/dropmatch_replay.py: the recorded rows are the model's, and a replay decides as the
+"""scripts/dropmatch/dropmatch_replay.py: the recorded rows are the model's, and a replay decides as the
 loop's DropMatch does on the same inputs with the same masks (tiny random models, float64)."""
 
 import sys
@@ -219,7 +219,7 @@ def test_a_draft_model_with_another_vocabulary_is_one_line(real_ckpt, tmp_path, 
 
 
 def test_auto_p_reports_what_the_cli_would_pick_per_prompt_and_pooled(real_ckpt, tmp_path, capsys):
-    """scripts/dropmatch_auto_p.py: each prompt's p is auto_dropout_p on the first 32 tokens of the
+    """scripts/dropmatch/dropmatch_auto_p.py: each prompt's p is auto_dropout_p on the first 32 tokens of the
     cached greedy continuation; the pooled p reaches its level on the set's own positions."""
     import json
 

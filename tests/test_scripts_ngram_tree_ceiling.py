@@ -1,4 +1,4 @@
-"""scripts/ngram_tree_ceiling.py: the offline tree replay decides as generate_tree does, and a
+"""scripts/ceilings/ngram_tree_ceiling.py: the offline tree replay decides as generate_tree does, and a
 width-1 tree replays as ngram_ceiling.py's chain (tiny random models, float64)."""
 
 import sys

@@ -1,5 +1,5 @@
-"""scripts/rules_table.py on planted results (each rule against its own base: tau gain, paired intervals,
-speed over the base), and scripts/bench_tree_rules.py: its rule names, and one short run on the real checkpoint."""
+"""scripts/rules/rules_table.py on planted results (each rule against its own base: tau gain, paired intervals,
+speed over the base), and scripts/rules/bench_tree_rules.py: its rule names, and one short run on the real checkpoint."""
 
 import json
 import re
@@ -115,7 +115,7 @@ def test_pair_rows_compare_with_sampling_at_the_same_gamma():
 def test_missing_or_broken_inputs_are_one_line_errors(tmp_path, capsys):
     assert rules_table.main([]) == 2 and "nothing to tabulate" in capsys.readouterr().err
     assert rules_table.main(["--pair", str(tmp_path / "none.json")]) == 2
-    assert "no such file; expected a result of scripts/bench_humaneval.py" in capsys.readouterr().err
+    assert "no such file; expected a result of scripts/rules/bench_humaneval.py" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{")
     assert rules_table.main(["--smollm2", str(tmp_path / "bad.json")]) == 2
     assert "not JSON" in capsys.readouterr().err
@@ -133,7 +133,7 @@ def test_tree_rule_names():
 
 
 def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
-    subprocess.run([sys.executable, str(SCRIPTS / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets", "rag",
+    subprocess.run([sys.executable, str(SCRIPTS / "rules" / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets", "rag",
                     "--prompts-per-set", "1", "--seeds", "0,1", "--budget", "4", "--gamma", "2", "--max-new-tokens", "6",
                     "--rules", "traversal,dropmatch:0.3", "--chain", "block", "--threads", "1", "--out", str(tmp_path)],
                    check=True, capture_output=True, text=True)
@@ -147,7 +147,7 @@ def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
     assert base["tau_gain"] == 0 and list(base["vs_base_nll"]) == [0.0, 0.0, 0.0]
     for row in rows.values():
         assert 1 <= row["tau"] <= 3 and 0 <= row["acceptance"] <= 1  # gamma 2: at most 2 drafts + 1 per step
-    again = subprocess.run([sys.executable, str(SCRIPTS / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets",
+    again = subprocess.run([sys.executable, str(SCRIPTS / "rules" / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets",
                             "rag", "--prompts-per-set", "1", "--seeds", "0,1", "--budget", "4", "--gamma", "2",
                             "--max-new-tokens", "6", "--rules", "traversal,dropmatch:0.3", "--chain", "block",
                             "--threads", "1", "--out", str(tmp_path)], check=True, capture_output=True, text=True)

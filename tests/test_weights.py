@@ -503,7 +503,7 @@ def test_real_checkpoint_is_not_converted_twice(real_ckpt, monkeypatch):
 
 def test_real_checkpoint_matches_transformers_gguf_code_path(real_ckpt, real_gguf):
     """Every tensor equals what transformers' GGUF loader computes: gguf's HF name table and
-    transformers' LlamaTensorProcessor (its own reverse permute). scripts/check_conversion.py
+    transformers' LlamaTensorProcessor (its own reverse permute). scripts/tooling/check_conversion.py
     runs transformers' whole load_gguf_checkpoint and a generation; this is the fast version."""
     pytest.importorskip("transformers", reason="the reference GGUF loader (pip install -e .[test])")
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor

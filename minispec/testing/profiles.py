@@ -1,5 +1,5 @@
 """Hypothesis profiles: dev (quick, default), ci (derandomized), thorough (nightly-style), and
-mutation (ci without shrinking or the example database; scripts/mutation_check.py uses it).
+mutation (ci without shrinking or the example database; scripts/tooling/mutation_check.py uses it).
 
     MINISPEC_PROFILE=ci python -m pytest -q
 

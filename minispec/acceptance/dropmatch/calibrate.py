@@ -66,7 +66,7 @@ class EstimatedAgreement:
         the shared e_a (the product of the marginals Phi(g_b / (t |c_b|))) underestimates.
 
     Both are 1 at p = 0 and fall monotonically in p (the Gaussian's every mean over sd falls as
-    sqrt((1-p) / p) since g_b >= 0). scripts/dropmatch_calibration.py measures both against a
+    sqrt((1-p) / p) since g_b >= 0). scripts/dropmatch/dropmatch_calibration.py measures both against a
     Monte Carlo of the dropout on this model and on random models of several widths.
     """
 

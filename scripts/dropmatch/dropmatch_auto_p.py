@@ -1,6 +1,6 @@
 """What `--dropout-p auto` picks, per prompt and per prompt set, and whether it carries across sets.
 
-    python scripts/dropmatch_auto_p.py [--ckpt qwen2.5-coder-1.5b-instruct] [--sets humaneval:16,mt_bench:4,qa:4]
+    python scripts/dropmatch/dropmatch_auto_p.py [--ckpt qwen2.5-coder-1.5b-instruct] [--sets humaneval:16,mt_bench:4,qa:4]
                                        [--levels 0.8,0.95] [--paths 5]
 
 For every prompt: the p that `--dropout-p auto` chooses (minispec.acceptance.dropmatch.calibrate.
@@ -8,13 +8,15 @@ auto_dropout_p on the first CALIBRATION_TOKENS tokens of the target's greedy con
 CLI does). For every set: the median and range of those p, the p that reaches the level on all
 of the set's positions pooled (the full continuations), and the pooled agreement on every other
 set at this set's pooled p: does a p calibrated on one kind of prompt keep its level on another?
-The greedy continuations are the replay's (scripts/dropmatch_replay.py's cache in out/dropmatch/).
+The greedy continuations are the replay's (scripts/dropmatch/dropmatch_replay.py's cache in out/dropmatch/).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table, median
 from dropmatch_replay import continuations, set_counts

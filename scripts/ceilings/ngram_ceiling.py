@@ -1,6 +1,6 @@
 """How far can prompt lookup go on the benchmark's prompts? tau of n-gram drafters, offline.
 
-    python scripts/ngram_ceiling.py [--dtype float32] [--prompts 4] [--gammas 3,5,8]
+    python scripts/ceilings/ngram_ceiling.py [--dtype float32] [--prompts 4] [--gammas 3,5,8]
 
 At temperature 0 with exact match, a draft token is accepted iff it equals the target's greedy
 token there, so one plain greedy run per prompt (the fast kernels, up to --max-new-tokens or
@@ -27,6 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 
 import torch  # noqa: E402

@@ -1,24 +1,24 @@
 """The acceptance rules side by side: one table and its Pareto figure (tau gain against quality change).
 
-    python scripts/rules_table.py [--pair out/rules_pair/bench_humaneval.json]
+    python scripts/rules/rules_table.py [--pair out/rules_pair/bench_humaneval.json]
                                   [--smollm2 out/rules_smollm2/bench_policies.json ...]
                                   [--trees out/rules_smollm2_trees/bench_tree_rules.json ...]
                                   [--out out/rules_table] [--png docs/img/rules_pareto.png]
 
 Reads what the benchmarks wrote and measures nothing itself:
 
-  --pair      scripts/bench_humaneval.py on the real pair (HumanEval pass@1 by execution). Each
+  --pair      scripts/rules/bench_humaneval.py on the real pair (HumanEval pass@1 by execution). Each
               configuration is compared with `sampling-gG` at its own gamma G (at T = 0:
               `exact-gG`): tau gain, pass@1 difference with its paired bootstrap 95% interval
               (the same problems resampled), throughput over the base's on the same batches
               (median over batches).
-  --smollm2   one or more scripts/bench_policies.py results (e.g. a second run at the calibrated
+  --smollm2   one or more scripts/rules/bench_policies.py results (e.g. a second run at the calibrated
               DropMatch p); each chain configuration is compared with the base at the same
               drafter, gamma and temperature (sampling at T > 0, exact at T = 0) on the same prompts:
               tau gain (pooled), the target's NLL per token and the token agreement with plain
               greedy, each with its paired bootstrap 95% interval over prompts, and the median
               over prompts of the speed-up over plain decoding divided by the base's.
-  --trees     scripts/bench_tree_rules.py results: its rows as it reports them (against tree
+  --trees     scripts/rules/bench_tree_rules.py results: its rows as it reports them (against tree
               sampling).
 
 The figure: one panel per model, every chain configuration a point, x = quality change (pass@1
@@ -33,6 +33,7 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 import humaneval_harness as harness
 from benchlib import fmt, md_table, median
@@ -46,12 +47,12 @@ LOSSLESS = ("exact", "sampling", "block", "traversal")
 
 def read_json(path: Path, made_by: str) -> dict:
     if not path.is_file():
-        raise MinispecError(f"{path}: no such file; expected a result of scripts/{made_by}")
+        raise MinispecError(f"{path}: no such file; expected a result of {benchlib.script_path(made_by.removesuffix('.py'))}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise MinispecError(f"{path}: not JSON ({error.msg} at line {error.lineno}); expected a result of "
-                            f"scripts/{made_by}") from None
+                            f"{benchlib.script_path(made_by.removesuffix('.py'))}") from None
 
 
 # ------------------------------------------------------------------------------------- the pair

@@ -1,6 +1,6 @@
 """DropMatch replayed along fixed text: what it would decide at every position, from one forward.
 
-    python scripts/dropmatch_replay.py [--sets rag:10,gsm8k:50] [--ps 0.3,0.01] [--paths 3,5,10] [--stride 2]
+    python scripts/dropmatch/dropmatch_replay.py [--sets rag:10,gsm8k:50] [--ps 0.3,0.01] [--paths 3,5,10] [--stride 2]
 
 A sweep over DropMatch's settings through the real loop costs a generation per setting and
 prompt. Most of what a sweep asks needs far less. Fix the text: the prompt and the target's own
@@ -30,7 +30,7 @@ Reported per (drafter, T, p, K), pooled over prompts, with 95% bootstrap interva
 
 What it does not give: tau and quality. A position DropMatch accepts against the target's argmax
 moves a real run off this text, so tau, agreement, NLL and task scores come from real runs of the
-loop (scripts/dropmatch_quality.py); the replay is for finding where to look.
+loop (scripts/dropmatch/dropmatch_quality.py); the replay is for finding where to look.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table
 

@@ -1,6 +1,6 @@
 """Check the converted default checkpoint against transformers' own GGUF loader.
 
-    python scripts/check_conversion.py [--dest weights/smollm2-135m-instruct]
+    python scripts/tooling/check_conversion.py [--dest weights/smollm2-135m-instruct]
 
 1. Every tensor of our model.safetensors equals what transformers' load_gguf_checkpoint makes
    from the same GGUF file (bit for bit: this is what proves the q/k un-permute).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout without installing
 
 from minispec.cli import Parser  # noqa: E402
 from minispec.checkpoints.fetch import default_checkpoint_dir, ensure_default_checkpoint, fetch_gguf  # noqa: E402

@@ -1,6 +1,6 @@
 """HumanEval pass@1 by execution, per decoding configuration, with paired intervals against a base.
 
-    python scripts/bench_humaneval.py [--problems 164] [--configs target,draft,exact-g5,dropmatch-0.3-g5]
+    python scripts/rules/bench_humaneval.py [--problems 164] [--configs target,draft,exact-g5,dropmatch-0.3-g5]
                                       [--batch 8] [--dtype float32] [--new-tokens 384] [--base exact-g5]
                                       [--temperature 0] [--seeds 0]
 
@@ -38,10 +38,12 @@ run that stops mid-batch redoes that batch. Writes bench_humaneval.json and .md.
 
 from __future__ import annotations
 
+import sys
 import json
 import re
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 import humaneval_harness as harness
 from benchlib import fmt, md_table, median, ratio

@@ -1,6 +1,6 @@
 """Draft trees against chains at equal verify budgets: tau, nodes per step, speed (greedy).
 
-    python scripts/bench_trees.py [--prompts 2] [--budgets 8,16] [--layers 24] [--shapes w4k4]
+    python scripts/speed/bench_trees.py [--prompts 2] [--budgets 8,16] [--layers 24] [--shapes w4k4]
                                   [--chain-gammas 1,2,3,4] [--skip ngram,plain] [--max-new-tokens 64] [--threads 1]
 
 At temperature 0 on Spec-Bench prompts (--sets, --prompts of each), float32, on --kernels (fast by
@@ -44,7 +44,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table, median, ratio
 

@@ -1,6 +1,6 @@
 """DropMatch's extra cost per verify step, "dropmatch" and "dropmatch-lazy", on replayed real verify steps.
 
-    python scripts/bench_dropmatch_cost.py [--dtypes float32,bfloat16] [--kernels fast,compiled] [--prompts 4]
+    python scripts/dropmatch/bench_dropmatch_cost.py [--dtypes float32,bfloat16] [--kernels fast,compiled] [--prompts 4]
 
 DropMatch adds work to every verify step: K dropout paths through the LM head (extra head rows)
 and the JS test and vote. Timing it inside a loop would mix it with everything else, so:
@@ -31,7 +31,9 @@ gamma + 1 rows before any timing). Writes bench_dropmatch_cost.json and .md to -
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table
 

@@ -1,6 +1,6 @@
 """DropMatch through the real loop: tau next to quality, each against its base, with intervals.
 
-    python scripts/dropmatch_quality.py [--drafters ngram:3] [--gammas 5,10] [--ps 0.3,auto] [--temperatures 0,1]
+    python scripts/dropmatch/dropmatch_quality.py [--drafters ngram:3] [--gammas 5,10] [--ps 0.3,auto] [--temperatures 0,1]
 
 For every drafter x gamma x temperature it runs the base policy (exact at T = 0, speculative
 sampling at T = 1) and DropMatch at each p (K = --paths, criterion --criterion, OR-ed with that
@@ -23,17 +23,19 @@ p = "auto": minispec.acceptance.dropmatch.calibrate picks p per prompt, as `--dr
 
 Outputs: out/dropmatch_quality/ (git-ignored): records.jsonl (one record per configuration and
 prompt, appended as the run goes; --resume keeps them and runs only what is missing),
-dropmatch_quality.json and .md; a Pareto plot with scripts/dropmatch_plot.py.
+dropmatch_quality.json and .md; a Pareto plot with scripts/dropmatch/dropmatch_plot.py.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table, median
-from bench_policies import gsm8k_correct, target_nll, token_agreement
+from rules.bench_policies import gsm8k_correct, target_nll, token_agreement
 from dropmatch_replay import continuations, set_counts
 
 import torch  # noqa: E402

@@ -1,6 +1,6 @@
 """The figures of docs/dropmatch.md: tau gain against quality change, and head agreement against p.
 
-    python scripts/dropmatch_plot.py [--quality out/dropmatch_quality*/dropmatch_quality.json ...]
+    python scripts/dropmatch/dropmatch_plot.py [--quality out/dropmatch_quality*/dropmatch_quality.json ...]
                                      [--calibration out/dropmatch_calibration*/dropmatch_calibration.json ...]
                                      [--png out/dropmatch_plot/dropmatch_pareto.png]
 
@@ -19,6 +19,7 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 
 import matplotlib  # noqa: E402
@@ -36,7 +37,7 @@ def load(paths: list[Path]) -> list[dict]:
     results = []
     for path in paths:
         if not path.is_file():
-            raise MinispecError(f"{path}: no such file; expected a result of scripts/dropmatch_quality.py")
+            raise MinispecError(f"{path}: no such file; expected a result of scripts/dropmatch/dropmatch_quality.py")
         results.append(json.loads(path.read_text()))
     return results
 

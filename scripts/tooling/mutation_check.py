@@ -1,6 +1,6 @@
 """Mutation check: does the property suite catch the bugs people actually hit?
 
-    python scripts/mutation_check.py [--only NAME ...] [--skip-baseline] [--timeout SECONDS]
+    python scripts/tooling/mutation_check.py [--only NAME ...] [--skip-baseline] [--timeout SECONDS]
 
 Copies the package and its tests to a temporary folder, checks that the unmutated suite passes
 there, then applies one realistic bug at a time (the catalogue below) and runs the suite with
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from minispec.cli import Parser, ranged
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -467,9 +467,22 @@ CATALOGUE = [
            '    if True:\n        return file.read()\n    import select',
            "a prompt file or stdin read in one blocking read(): a Ctrl-C that lands on a worker thread is lost "
            "and the run waits for its writer forever", ("tests/test_cli.py",)),
+    Mutant('suffix-search-counts-the-suffix-itself', 'minispec/chain/drafters.py',
+           'for end in range(size - 2, -1, -1):', 'for end in range(size - 1, -1, -1):',
+           'prompt lookup matches the context\'s own last token and proposes nothing new', ('tests/test_drafters.py',)),
+    Mutant('ngram-order-oldest-first', 'minispec/chain/drafters.py',
+           'return [end for n in range(max_ngram, min_ngram - 1, -1) for end, reach in matches if reach >= n]',
+           'return [end for n in range(max_ngram, min_ngram - 1, -1) for end, reach in reversed(matches) if reach >= n]',
+           'prompt lookup takes the oldest match instead of the most recent', ('tests/test_drafters.py',)),
+    Mutant('library-names-reach-the-command-line', 'minispec/cli.py',
+           '    if not flags:\n        return message\n', '    return message\n',
+           'the CLI prints the API\'s argument names (draft=) instead of its flags', ('tests/test_bad_inputs.py',)),
+    Mutant('policy-options-dropped', 'minispec/generate/run.py',
+           '    options = policy_options(args)\n', '    options = {}\n',
+           '--policy NAME:key=value parsed, then not passed to the policy', ('tests/test_cli.py',)),
     Mutant('multi-line-error', 'minispec/cli.py',
-           'print(f"{prog}: error: {\' \'.join(str(err).splitlines())}", file=sys.stderr)  # one line, always',
-           'print(f"{prog}: error: {err}", file=sys.stderr)',
+           "print(f\"{prog}: error: {in_flags(' '.join(str(err).splitlines()), flags or {})}\", file=sys.stderr)",
+           'print(f"{prog}: error: {in_flags(str(err), flags or {})}", file=sys.stderr)',
            'an error message with a newline prints two lines', ('tests/test_cli.py',)),
     Mutant('cli-imports-torch-first', 'minispec/generate/__init__.py',
            'from minispec.cli import raise_if_interrupted, run_main\n',

@@ -1,6 +1,6 @@
 """What a verify pass costs against a decode step, and the acceptance length tau each drafter needs.
 
-    python scripts/bench_verify_cost.py [--dtypes float32,bfloat16] [--kernels fast,compiled] [--gammas 3,5,8]
+    python scripts/speed/bench_verify_cost.py [--dtypes float32,bfloat16] [--kernels fast,compiled] [--gammas 3,5,8]
 
 Speculative decoding pays off only if a pass over gamma + 1 new tokens costs little more than a
 pass over one. This script measures that, and turns it into the tau a drafter must reach.
@@ -29,9 +29,11 @@ Writes bench_verify_cost.json and .md to --out (default out/bench_verify_cost/).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
-from minispec.kernels import measure
+from minispec.kernels import measure as probe
 from benchlib import md_table
 
 import torch  # noqa: E402
@@ -48,7 +50,7 @@ def pass_costs(model, context_ids: list[int], rows=(1, 2, 3, 4, 6, 9), reps: int
     with torch.inference_mode():
         model.forward_hidden(torch.tensor([context_ids]), cache)  # [1, S]: the prefill
     start = cache.length
-    seconds = measure.pass_costs(model, cache, rows, rollback=lambda: cache.truncate(start), reps=reps)
+    seconds = probe.pass_costs(model, cache, rows, rollback=lambda: cache.truncate(start), reps=reps)
     return {k: 1000 * s for k, s in seconds.items()}
 
 

@@ -1,6 +1,6 @@
 """Peak memory of generation, each configuration in a fresh process, against weights + KV cache.
 
-    python scripts/bench_memory.py [--dtypes float32,bfloat16] [--kernels reference,fast,compiled] [--new-tokens 64]
+    python scripts/speed/bench_memory.py [--dtypes float32,bfloat16] [--kernels reference,fast,compiled] [--new-tokens 64]
 
 For each dtype x kernels kind (x draft: none, and the self:bf16 draft for a float32 target on
 the eager kinds), a child process:
@@ -31,6 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import md_table
 
@@ -108,7 +109,7 @@ def measure(ckpt: Path, ids: list[int], new_tokens: int, dtypes, kinds) -> list[
         for kernels in kinds:
             for draft in [None, "self:bf16"] if dtype_name == "float32" and kernels != "compiled" else [None]:
                 print(f"{PROG}: {dtype_name}, {kernels}, draft {draft or 'none'} ...", file=sys.stderr)
-                code = (f"import json, sys; sys.path.insert(0, {str(benchlib.SCRIPTS)!r}); import bench_memory; "
+                code = (f"import json, sys; sys.path[:0] = [{str(benchlib.SCRIPTS)!r}, {str(Path(__file__).resolve().parent)!r}]; import bench_memory; "
                         "print(json.dumps(bench_memory.child(*json.loads(sys.argv[1]))))")
                 arg = json.dumps([str(ckpt), dtype_name, kernels, ids, new_tokens, draft])
                 out = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True)
@@ -123,7 +124,7 @@ def render(result: dict) -> str:
     return "\n".join([
         "# minispec: peak memory of generation\n", benchlib.record_markdown(result["run"]),
         f"{s['new_tokens']} new tokens after a {s['prompt_tokens']}-token prompt; one fresh process per row. Rises "
-        "over the process after a warm-up on a tiny model (module docstring of scripts/bench_memory.py).\n",
+        "over the process after a warm-up on a tiny model (module docstring of scripts/speed/bench_memory.py).\n",
         md_table(["dtype", "kernels", "draft", "weights MB", "KV MB", "after load MB", "peak MB", "peak / (weights + KV)"],
                  [[r["dtype"], r["kernels"], r["draft"] or "–", f"{r['weights_bytes'] / 1e6:.0f}",
                    f"{r['kv_bytes'] / 1e6:.1f}", f"{r['after_load_rise_bytes'] / 1e6:.0f}",

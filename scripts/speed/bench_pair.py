@@ -1,6 +1,6 @@
 """The real pair on this CPU: Qwen2.5-Coder-0.5B drafting for 1.5B, against transformers and llama.cpp.
 
-    python scripts/bench_pair.py [--humaneval 3] [--spec-bench 3] [--new-tokens 128] [--llama-cpp DIR]
+    python scripts/speed/bench_pair.py [--humaneval 3] [--spec-bench 3] [--new-tokens 128] [--llama-cpp DIR]
 
 One run, one process for minispec and transformers (llama.cpp's programs in subprocesses), the
 same prompts for every system, T = 0, --new-tokens new tokens or eos. Per prompt every
@@ -38,6 +38,7 @@ skipped on the next run; delete the file to start over. Writes bench_pair.json a
 
 from __future__ import annotations
 
+import sys
 import json
 import re
 import resource
@@ -45,8 +46,9 @@ import subprocess
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
-from minispec.kernels import measure
+from minispec.kernels import measure as probe
 from benchlib import fmt, md_table, median, ratio
 
 import torch  # noqa: E402
@@ -200,7 +202,7 @@ def measure(args, _ckpt) -> dict:
     configs = list(MINISPEC) + ([] if args.no_transformers else list(TRANSFORMERS)) + (list(LLAMA) if bin_dir else [])
     todo = [(p, c) for p in prompts for c in configs
             if (f"{p.set}/{p.source_id}", c) not in done or "error" in done[(f"{p.set}/{p.source_id}", c)]]
-    bandwidth = measure.bandwidth()["bandwidth_gbps"]
+    bandwidth = probe.bandwidth()["bandwidth_gbps"]
     loaded = load_all(folders) if any(c in MINISPEC for _, c in todo) else None  # only what is left to run
     hf = None
     if any(c in TRANSFORMERS for _, c in todo):

@@ -1,6 +1,6 @@
 """Do better candidate sources make n-gram draft trees worth it? tau of draft trees, offline.
 
-    python scripts/ngram_tree_ceiling.py --threads 1 [--prompts 10] [--budgets 8,16,32] [--max-new-tokens 128]
+    python scripts/ceilings/ngram_tree_ceiling.py --threads 1 [--prompts 10] [--budgets 8,16,32] [--max-new-tokens 128]
 
 The tree version of ngram_ceiling.py. At temperature 0 a tree's accepted path is the longest root
 path whose tokens equal the target's greedy tokens (generate_tree's greedy walk), so one plain
@@ -55,10 +55,12 @@ out/ngram_tree_ceiling/).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table, median
 

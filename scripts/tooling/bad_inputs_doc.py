@@ -1,7 +1,7 @@
 """Write docs/bad_inputs.md: the bad-input table of tests/test_bad_inputs.py, every row run as the test runs it.
 
-    python scripts/bad_inputs_doc.py           # run every row (about 30 s), write the doc
-    python scripts/bad_inputs_doc.py --check   # exit 1 if the doc differs from what the rows give now
+    python scripts/tooling/bad_inputs_doc.py           # run every row (about 30 s), write the doc
+    python scripts/tooling/bad_inputs_doc.py --check   # exit 1 if the doc differs from what the rows give now
 
 A row that does not behave as the table says (no one-line error, another exit status) is
 reported and nothing is written: the doc only ever shows rows that pass.
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import test_bad_inputs as table  # noqa: E402  (the table lives with its test)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         if current != text:
             sys.stderr.writelines(difflib.unified_diff(current.splitlines(True), text.splitlines(True),
                                                        str(args.out), "rows as run now"))
-            print(f"{args.out} is out of date: run python scripts/bad_inputs_doc.py", file=sys.stderr)
+            print(f"{args.out} is out of date: run python scripts/tooling/bad_inputs_doc.py", file=sys.stderr)
             return 1
         print(f"{args.out} is current ({len(table.ROWS)} rows)")
         return 0

@@ -1,6 +1,6 @@
 """Acceptance policies and drafters: how many tokens each verify step yields, how fast, and at what quality.
 
-    python scripts/bench_policies.py [--quick] [--out DIR] [--sets ...] [--policies ...] [--drafters ...]
+    python scripts/rules/bench_policies.py [--quick] [--out DIR] [--sets ...] [--policies ...] [--drafters ...]
 
 Plain decoding and every acceptance policy (exact, sampling, block, typical, lenience:BETA, fly:W,
 DropMatch by criterion; lenience at T = 0 is exact match, and its row there shows it) with each drafter and draft length gamma, on Spec-Bench (by category), GSM8K and HumanEval, at
@@ -13,7 +13,7 @@ prompt-lookup assisted generation. Pipeline, in the order of this file:
 Outputs in --out (default out/bench_policies/, git-ignored): records.jsonl (one record per
 configuration and prompt, appended as the run goes, so a crash keeps what was measured),
 bench_policies.json (run record, settings, records, summaries, DropMatch tables),
-bench_policies.md (the tables) and bench_policies.png (scripts/bench_plot.py; needs matplotlib).
+bench_policies.md (the tables) and bench_policies.png (scripts/rules/bench_plot.py; needs matplotlib).
 
 What each number means
   tau            tokens emitted per verify step, counting the correction/bonus token (1..gamma+1),
@@ -25,7 +25,7 @@ What each number means
                  transformers' own plain generate ("vs minispec plain": by minispec's).
   policy share   policy_seconds / (draft + verify + policy seconds), pooled: the acceptance
                  decision's share of the step time. Extra LM-head rows a policy asks the verify
-                 to score (DropMatch) are in the verify time; scripts/bench_dropmatch_cost.py
+                 to score (DropMatch) are in the verify time; scripts/dropmatch/bench_dropmatch_cost.py
                  measures them.
   agreement      vs plain greedy decoding of the same prompt: "prefix" = positions before the
                  first differing token, "overall" = positions with equal tokens; both divided by
@@ -64,6 +64,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table, mean, median, ratio
 

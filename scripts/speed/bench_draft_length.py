@@ -1,6 +1,6 @@
 """Adaptive draft length: the heuristic schedule and a confidence cut-off (p_min) against a fixed gamma.
 
-    python scripts/bench_draft_length.py [--prompts 2] [--quick] [--gammas 3,5,8] [--p-mins 0.3,0.5,0.7]
+    python scripts/speed/bench_draft_length.py [--prompts 2] [--quick] [--gammas 3,5,8] [--p-mins 0.3,0.5,0.7]
 
 At temperature 0 with the exact policy, on Spec-Bench prompts (--sets, --prompts of each), with
 the default fast kernels (float32 target), up to --max-new-tokens new tokens (stops at eos).
@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table, median, ratio
 

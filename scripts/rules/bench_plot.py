@@ -1,6 +1,6 @@
-"""The plot of scripts/bench_policies.py's result: tau, speed-up and quality of every configuration.
+"""The plot of scripts/rules/bench_policies.py's result: tau, speed-up and quality of every configuration.
 
-    python scripts/bench_plot.py [out/bench_policies/bench_policies.json] [--png PATH]
+    python scripts/rules/bench_plot.py [out/bench_policies/bench_policies.json] [--png PATH]
 
 bench_policies.py calls `plot(result, path)` itself at the end of a run; this command redraws
 the figure from a saved result. The figure:
@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 
 import matplotlib  # noqa: E402
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = json.loads(source.read_text(encoding="utf-8"))
         except OSError:
-            raise MinispecError(f"{source}: cannot read; expected bench_policies.json from scripts/bench_policies.py") from None
+            raise MinispecError(f"{source}: cannot read; expected bench_policies.json from scripts/rules/bench_policies.py") from None
         except ValueError as error:
             raise MinispecError(f"{source}: not JSON ({error})") from None
         if "summary" not in result or "settings" not in result:

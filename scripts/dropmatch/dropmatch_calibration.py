@@ -1,9 +1,9 @@
 """How well the closed-form estimate predicts DropMatch's measured head agreement, across p.
 
-    python scripts/dropmatch_calibration.py [--prompts 20] [--widths 64,128,256,512,1024]
+    python scripts/dropmatch/dropmatch_calibration.py [--prompts 20] [--widths 64,128,256,512,1024]
 
 On the real model: the LM-head inputs along the target's own greedy continuations (the
-positions DropMatch judges; the same cached continuations as scripts/dropmatch_replay.py), and
+positions DropMatch judges; the same cached continuations as scripts/dropmatch/dropmatch_replay.py), and
 on random tiny models of several widths d (random tokens through a random 2-layer model). For
 each, at every p of --ps and K of --paths:
 
@@ -12,13 +12,15 @@ each, at every p of --ps and K of --paths:
 
 and the p each picks for the agreement levels of --levels (bisection), with the measured
 agreement at each estimate's p. Outputs: out/dropmatch_calibration/ (.json, .md, and the
-figure of scripts/dropmatch_plot.py as .png, with matplotlib).
+figure of scripts/dropmatch/dropmatch_plot.py as .png, with matplotlib).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table
 from dropmatch_replay import continuations, or_none, set_counts

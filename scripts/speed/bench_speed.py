@@ -1,6 +1,6 @@
 """Decoding speed: how close plain and speculative decoding get to the machine's memory bandwidth.
 
-    python scripts/bench_speed.py [--kernels reference,fast,compiled] [--prompts 4] [--sections plain,speculative]
+    python scripts/speed/bench_speed.py [--kernels reference,fast,compiled] [--prompts 4] [--sections plain,speculative]
 
 Everything is measured in one run, on the same prompts, and reported as ratios against
 baselines from the same run (medians over prompts):
@@ -35,8 +35,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
-from minispec.kernels import measure
+from minispec.kernels import measure as probe
 from benchlib import fmt, md_table, median, ratio
 
 import torch  # noqa: E402
@@ -53,7 +54,7 @@ SECTIONS = ("plain", "speculative")
 def measure_bandwidth(with_compiled: bool = False) -> dict:
     """minispec.kernels.measure.bandwidth, and (with_compiled) TorchInductor's bfloat16 matrix-vector
     product over the same 256 MiB; bandwidth_gbps is the fastest."""
-    result = measure.bandwidth()
+    result = probe.bandwidth()
     if with_compiled:
         from minispec.kernels.compiled import INDUCTOR_OPTIONS
 

@@ -1,6 +1,6 @@
 """Acceptance rules on draft trees, sampled: tau, speed and quality of each rule's tree walk.
 
-    python scripts/bench_tree_rules.py [--ckpt DIR|NAME] [--draft early-exit:24] [--sets mt_bench,gsm8k,humaneval]
+    python scripts/rules/bench_tree_rules.py [--ckpt DIR|NAME] [--draft early-exit:24] [--sets mt_bench,gsm8k,humaneval]
                                        [--prompts-per-set 2] [--budget 16] [--branching 4,2,1] [--gamma 4]
                                        [--rules sampling,traversal,typical,dropmatch:0.3] [--chain sampling,block]
                                        [--temperature 1] [--seeds 0,1] [--max-new-tokens 64]
@@ -33,9 +33,11 @@ tree, temperature and length are skipped).
 
 from __future__ import annotations
 
+import sys
 import json
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
 from benchlib import fmt, md_table, median, ratio
 

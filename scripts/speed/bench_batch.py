@@ -1,6 +1,6 @@
 """Batched decoding: aggregate tok/s of plain and speculative decoding against the batch size.
 
-    python scripts/bench_batch.py [--sets summarization,rag] [--batch-sizes 1,2,4,8,16] [--max-new-tokens 64]
+    python scripts/speed/bench_batch.py [--sets summarization,rag] [--batch-sizes 1,2,4,8,16] [--max-new-tokens 64]
                                   [--drafts ngram@3,self:int8@8] [--policies exact,dropmatch,dropmatch-lazy]
                                   [--reps 2] [--threads 2] [--no-transformers]
 
@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
-from minispec.kernels import measure
+from minispec.kernels import measure as probe
 from benchlib import fmt, md_table, median, ratio
 
 import torch  # noqa: E402
@@ -248,7 +249,7 @@ def pass_costs(target, batch_sizes, widths, context: int, reps: int = 10) -> lis
     for batch_size in batch_sizes:
         cache = target.new_cache(batch_size, context + max(widths), cache_class=RaggedKVCache)
         cache.advance(context)
-        ms = measure.pass_costs(target, cache, widths, rollback=partial(cache.truncate, [context] * batch_size),
+        ms = probe.pass_costs(target, cache, widths, rollback=partial(cache.truncate, [context] * batch_size),
                                 batch_size=batch_size, reps=reps)
         row = {"batch_size": batch_size, "context": context, **{f"k{k}_ms": 1000 * ms[k] for k in widths}}
         for k in widths:

@@ -1,12 +1,12 @@
 """Write tests/data/golden_smollm2.json: transformers' fp32 logits on a few fixed prompts.
 
 The reference is transformers' own LlamaForCausalLM loading the converted folder (whose
-tensors scripts/check_conversion.py shows bit-identical to transformers' own GGUF loading).
+tensors scripts/tooling/check_conversion.py shows bit-identical to transformers' own GGUF loading).
 For each prompt we store the token ids, and at every position the top-5 token ids with their
 logits plus the logits of a fixed set of probe ids, so the test can check both the ranking
 and the values without committing a [T, 49152] array.
 
-    python scripts/make_golden.py [--ckpt weights/smollm2-135m-instruct]
+    python scripts/tooling/make_golden.py [--ckpt weights/smollm2-135m-instruct]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from minispec.cli import Parser  # noqa: E402
