@@ -1,8 +1,8 @@
 """minispec.checkpoints.fetch under faults: killed conversions, two processes racing, unwritable folders.
 
 A conversion runs in a subprocess with the tiny GGUF of tests/test_weights.py in place of the
-download, and with MINISPEC_WEIGHTS_KILL_AT=<point> it SIGKILLs itself at that point (see
-weights._fault_point). Then: nothing half-written is loadable at DEST, and the next call repairs
+download, and given a point it SIGKILLs itself there (KILLS below: the subprocess wraps the
+converter's own steps; nothing of this is in the package). Then: nothing half-written is loadable at DEST, and the next call repairs
 what is on disk and leaves no work folder, .old- folder or lock file behind.
 """
 
@@ -33,12 +33,33 @@ REPO = Path(__file__).resolve().parent.parent
 
 # One conversion, as a user's process would run it; argv: gguf dest force log [barrier].
 CONVERT = """
-import os, sys, time
+import os, signal, sys, time
 from pathlib import Path
 import minispec.checkpoints.fetch as weights
 from minispec.checkpoints.convert import convert_gguf
 
-gguf_path, dest, force, log, barrier = (sys.argv[1:] + [""])[:5]
+gguf_path, dest, force, log, barrier, kill_at = (sys.argv[1:] + ["", ""])[:6]
+
+def kill(point):
+    if point == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+# The points, in order: fetched (the download done), writing (model.safetensors written, the rest
+# not), converted, swapping (between the two renames of a forced conversion), swapped (the new
+# folder in, the old one not yet cleared).
+real_convert, real_replace = weights.convert_gguf, os.replace
+
+def convert(*args, **kwargs):
+    kill("fetched")
+    folder = real_convert(*args, on_weights_written=lambda: kill("writing"), **kwargs)
+    kill("converted")
+    return folder
+
+def replace(src, dst):
+    real_replace(src, dst)
+    kill("swapping" if Path(dst).name.startswith(".old-") else "swapped" if Path(src).name == "checkpoint" else "")
+
+weights.convert_gguf, weights.os.replace = convert, replace
 
 def fake_fetch(workdir, *, quiet=False, known=None):  # the tiny GGUF instead of the 93 MB download; each call logged
     with open(log, "a") as f:
@@ -60,10 +81,8 @@ print(weights.ensure_default_checkpoint(dest, force=force == "force"))
 def start_conversion(gguf: Path, dest: Path, log: Path, *, force: bool = False, kill_at: str | None = None,
                      barrier: Path | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop(weights.KILL_AT, None)
-    if kill_at:
-        env[weights.KILL_AT] = kill_at
-    argv = [sys.executable, "-c", CONVERT, str(gguf), str(dest), "force" if force else "", str(log), str(barrier or "")]
+    argv = [sys.executable, "-c", CONVERT, str(gguf), str(dest), "force" if force else "", str(log), str(barrier or ""),
+            kill_at or ""]
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -76,7 +76,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
 
     dtype: "float32" (the dequantized values exactly) or "bfloat16" (each rounded to nearest
     even: half the disk, and what a bfloat16 model would round them to anyway).
-    on_weights_written: called once model.safetensors is complete (a test hook).
+    on_weights_written: called once model.safetensors is complete, before the other files.
     shown_as: the folder as error messages name it (default: `out_dir`; ensure_checkpoint writes
     into a temp folder and names the destination).
 

