@@ -211,8 +211,8 @@ def run_record(prog: str, argv: Sequence[str], ckpt: Path | None = None) -> dict
         "torch": torch.__version__,
         "transformers": _version("transformers"),
         "checkpoint": None if ckpt is None else checkpoint_info(ckpt),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "platform": platform.platform()},
+        "machine": {"cpu": _cpu_model(), "cpu_kind": cpu_flags_summary(), "cores": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
         "load_average_start": load_average(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "_t0": time.perf_counter(),
@@ -233,7 +233,8 @@ def record_markdown(record: dict) -> str:
     text = (f"`{record['command']}`\n\n"
             f"Commit {commit}; python {record['python']}, torch {record['torch']}, transformers "
             f"{record['transformers'] or '–'}. Checkpoint {ckpt.get('path', '–')} ({ckpt.get('architecture', '?')}). "
-            f"{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads. Started {record['started']}")
+            f"{m['cpu']} ({m.get('cpu_kind', '?')}), {m['cores']} cores, {m['torch_threads']} torch threads. "
+            f"Started {record['started']}")
     if "wall_seconds" in record:
         text += f", {record['wall_seconds']:.0f} s"
     text += f"; load average (1, 5, 15 min) {record['load_average_start'] or '–'} at the start"
@@ -291,6 +292,19 @@ def _version(module: str) -> str | None:
         return None
 
 
+KIND_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")  # what decides which kernels run
+
+
+def cpu_flags_summary() -> str:
+    """The instruction sets that decide the kernels, as the CPU reports them: 'avx2, avx512f, ...'."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return ", ".join(flag for flag in KIND_FLAGS if flag in flags) or platform.machine()
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -303,7 +317,7 @@ def _cpu_model() -> str:
 
 # -------------------------------------------------------------------------------------- models
 
-KERNELS = ("reference", "fast", "compiled")
+KERNELS = ("reference", "fast", "compiled", "fp16", "int8-dynamic")
 DTYPES = ("float32", "bfloat16")
 
 

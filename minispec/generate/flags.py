@@ -116,7 +116,7 @@ class GenerateArgs:
     show: bool
     color: str
     trace: bool
-    draft_kernels: str = "same"
+    draft_kernels: str = "auto"
     draft_vocab: int | None = None
     vs_plain: bool = False
     batch_size: int | None = None  # None: one prompt; N: --prompt-file's lines, N at a time
@@ -164,12 +164,14 @@ def build_parser() -> Parser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="the weights' and activations' dtype (bf16 = bfloat16, fp32 = float32, fp64 = float64)")
     p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
-    p.add_argument("--kernels", choices=["auto", "fast", "compiled", "reference"], default="auto",
+    p.add_argument("--kernels", choices=["auto", "fast", "compiled", "fp16", "int8-dynamic", "reference"], default="auto",
                    help="auto: fast for each model where it applies (float32, or bfloat16 on a CPU whose oneDNN "
                         "packs it, on the CPU), else reference; "
                         "fast: minispec.kernels' packed, fused weights (CPU only); compiled: the same blocks with "
                         "decoding steps compiled by TorchInductor (CPU only; compiles for minutes on first use, holds "
-                        "several copies of the weights); reference: model.py exactly as written")
+                        "several copies of the weights); fp16 / int8-dynamic: fbgemm's packed float16 weights / int8 weights "
+                        "and activations, half / a quarter of float32's bytes per token (lossy); reference: model.py "
+                        "exactly as written")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, tokens, finish_reason, stats) instead of streaming")
     s = p.add_argument_group("speculative decoding")
@@ -196,10 +198,14 @@ def build_parser() -> Parser:
                         "between 1 and gamma (transformers' schedule)")
     s.add_argument("--draft-p-min", type=ranged(float, "--draft-p-min", lo=0, hi=1), default=0.0,
                    help="a model draft stops at the first token whose draft probability is below this (0 = off)")
-    s.add_argument("--draft-kernels", choices=["same", "fast", "int8", "reference"], default="same",
-                   help="a draft model's kernels: same = the target's (fast for a compiled target); int8: "
-                        "weight-only int8, half a bfloat16 draft's bytes per step (the verify keeps the output "
-                        "the target's)")
+    s.add_argument("--draft-kernels", choices=["auto", "same", "fast", "int8", "fp16", "int8-dynamic", "reference"],
+                   default="auto",
+                   help="a draft model's kernels: auto = the kind whose step is fastest on this CPU, measured once "
+                        "(any precision drafts: the verify keeps the output the target's); same = the target's "
+                        "(fast for a compiled target); int8: "
+                        "weight-only int8, half a bfloat16 draft's bytes per step; fp16 / int8-dynamic: fbgemm's "
+                        "(the cheapest draft step on CPUs without bfloat16 arithmetic); the verify keeps the output "
+                        "the target's")
     s.add_argument("--draft-vocab", type=ranged(int, "--draft-vocab", lo=1), default=None, metavar="N",
                    help="a draft model's LM head over its N most frequent tokens only (ids below N, plus the added "
                         "tokens; FR-Spec): a cheaper draft step, lossless through the target's verify "

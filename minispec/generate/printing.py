@@ -139,13 +139,21 @@ def report(args, out: dict) -> int:
     return 0
 
 
+def kernels_line(s: dict) -> str:
+    """'; kernels: target fast (torch.bfloat16), draft int8-dynamic': which path ran (empty if not said)."""
+    if "kernels" not in s:
+        return ""
+    draft = f", draft {s['draft_kernels']}" if "draft_kernels" in s else ""
+    return f"; kernels: target {s['kernels']} ({s.get('dtype', '?')}){draft}"
+
+
 def format_stats(s: dict) -> str:
     """A few readable lines of the loop's statistics (a batch's: pooled over its prompts, plus a line of its own)."""
     batch = "" if "num_prompts" not in s else (
         f"\nbatch: {s['num_prompts']} prompts, batch size {s['batch_size']}, aggregate {s['tokens_per_second']:.1f} "
         f"tok/s, {s['mean_rows_per_pass']:.2f} rows per batched pass (mean)")
     if "verify_steps" not in s:
-        return f"plain decoding: {s['target_forwards']} target forwards" + batch
+        return f"plain decoding: {s['target_forwards']} target forwards" + kernels_line(s) + batch
     per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position_acceptance"])
     lines = [
         f"drafter {s['drafter']}, policy {s['policy']}, gamma {s['gamma']}",
@@ -153,7 +161,7 @@ def format_stats(s: dict) -> str:
         f"mean accepted length over the {s['drafted_steps']} steps with drafts (vLLM's, llama.cpp's): "
         + ("-" if s["tau_drafted"] is None else f"{s['tau_drafted']:.2f}"),
         f"per-position acceptance {per_pos}; accepted-length histogram {s['accepted_length_histogram']}",
-        f"target forwards {s['target_forwards']}, draft forwards {s['draft_forwards']}",
+        f"target forwards {s['target_forwards']}, draft forwards {s['draft_forwards']}" + kernels_line(s),
         f"time: draft {s['draft_seconds']:.2f}s, verify {s['verify_seconds']:.2f}s, policy {s['policy_seconds']:.2f}s, "
         f"total {s['total_seconds']:.2f}s",
     ]

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from minispec.cli import in_flags
 from minispec.errors import MinispecError
-from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, GenerateArgs, check_flags, policy_options
+from minispec.generate.flags import (DROPMATCH_POLICIES, DTYPES, NOT_A_DRAFT_MODEL, GenerateArgs, check_flags,
+                                     policy_options)
 from minispec.generate.printing import Printer, StopStrings, decoded_text, print_prompt_text, use_colour
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         continuation = generate_chain(model, prompt_ids, max_new_tokens=min(CALIBRATION_TOKENS, room),
                                       eos_token_ids=tokenizer.eos_token_ids).tokens  # the target's own, plainly
         p = auto_dropout_p(model, prompt_ids, policy_options(args)["paths"], args.agreement, continuation=continuation)
-    _apply_kernels(args, model, drafter, ckpt)
+    ran = _apply_kernels(args, model, drafter, ckpt)
     policy = _policy(args, p)
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
     printer = progress.printer = None if args.json or args.trace else Printer(
@@ -115,6 +116,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         print(text)
     if args.policy in DROPMATCH_POLICIES:
         result.stats["dropout_p"] = p
+    result.stats.update(ran, dtype=str(model.weights_dtype if hasattr(model, "weights_dtype") else model.dtype))
     if args.vs_plain:  # the same prompt and settings without the draft, timed the same way, after it
         plain = generate(model, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_ids=tokenizer.eos_token_ids,
@@ -151,27 +153,35 @@ def load(args: GenerateArgs):
     return model, tokenizer, drafter, ckpt
 
 
-def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> None:
-    """--kernels: rewrite the loaded model (and a draft model) in place."""
+def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:
+    """--kernels and --draft-kernels: rewrite the loaded model (and a draft model) in place; the
+    kinds that run, for the stats ({"kernels": ..., "draft_kernels": ...})."""
     from minispec import kernels
 
-    auto = args.kernels == "auto"  # each model fast where its packed weights apply, else model.py as written
+    auto = args.kernels == "auto"  # kernels.auto_kind: the fastest kind that keeps the weights
     kind = kernels.auto_kind(model) if auto else args.kernels
     kernels.apply(model, kind, checkpoint=ckpt)
     draft_model = None if drafter is None else drafter.model
-    if args.draft_kernels != "same":
-        try:
-            kernels.apply_drafter(drafter, args.draft_kernels)
-        except MinispecError as err:  # the draft's kind is --draft-kernels, not --kernels
-            raise MinispecError(in_flags(str(err), {"kind": "--draft-kernels"})) from None
-    elif auto and draft_model is not None:  # a bfloat16 self-draft on a CPU that packs float32 only: reference
-        kernels.apply_drafter(drafter, kernels.auto_kind(draft_model))
-    else:
-        kernels.apply_drafter(drafter, "fast" if kind == "compiled" else kind)  # a draft model is not compiled
+    separate = draft_model is not None and draft_model is not model and \
+        args.draft.partition(":")[0] not in NOT_A_DRAFT_MODEL  # a draft model with weights of its own
+    draft_kind = args.draft_kernels
+    if draft_kind == "auto" and separate:  # the fastest step this CPU runs, measured: any precision drafts
+        draft_kind = kernels.auto_draft_kind(draft_model)
+    elif draft_kind in ("auto", "same"):
+        draft_kind = kernels.auto_kind(draft_model) if auto and draft_model is not None else \
+            "fast" if kind == "compiled" else kind  # a draft model is not compiled
+    try:
+        kernels.apply_drafter(drafter, draft_kind)
+    except MinispecError as err:  # the draft's kind is --draft-kernels, not --kernels
+        raise MinispecError(in_flags(str(err), {"kind": "--draft-kernels"})) from None
     if kind == "compiled":
         if not args.json:
             print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
         kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
+    ran = {"kernels": kernels.kind_of(model)}
+    if draft_model is not None and draft_model is not model:
+        ran["draft_kernels"] = kernels.kind_of(draft_model)
+    return ran
 
 
 # ---------------------------------------------------------------- several prompts (--batch-size)
@@ -228,7 +238,7 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
         raise MinispecError(f"--seed {args.seed}: prompt i uses --seed + i, which passes 2**64 - 1 at prompt "
                             f"{len(prompts) - 1}; expected --seed <= {2**64 - len(prompts)} for {len(prompts)} prompts")
     progress.start(prompts)
-    _apply_kernels(args, model, drafter, ckpt)
+    ran = _apply_kernels(args, model, drafter, ckpt)
     p = policy_options(args).get("p", args.dropout_p)  # a number: auto is refused with --batch-size
     policy = _policy(args, p)
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
@@ -245,7 +255,7 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
         if err.prompt_index is None:
             raise
         raise type(err)(f"--prompt-file {args.prompt_file} line {lines[err.prompt_index][0]}: {err.reason}") from None
-    stats = dict(batch.stats)  # pooled; names the drafter, policy and gamma when there is a draft
+    stats = dict(batch.stats) | ran  # pooled; names the drafter, policy and gamma when there is a draft
     results = []
     for i, result in enumerate(batch):
         if args.policy in DROPMATCH_POLICIES:

@@ -11,6 +11,11 @@ Kinds (KINDS):
              by TorchInductor (call kernels.compiled.warm_up before a timed run). Same function.
   int8       kernels/int8.py: fast's blocks with weight-only int8 linear layers. Lossy: the
              self:int8 draft's kind, not a way to run a target.
+  fp16       kernels/fbgemm.py: fast's blocks with float16 weights in fbgemm's packed layout
+             (half of float32's bytes, on AVX2 and AVX-512 alike). Lossy (weights rounded).
+  int8-dynamic  kernels/fbgemm.py: int8 weights and per-call int8 activations through fbgemm
+             (a quarter of float32's bytes). Lossy: the cheapest draft, a target only with its
+             quality measured (docs/benchmarks.md).
 
 The rewrite swaps modules (blocks, final norm, LM head, embedding) and turns the object into a
 subclass of model.Transformer that overrides only what differs; model.py itself holds no kernel
@@ -23,13 +28,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from minispec.errors import MinispecError
-from minispec.kernels import compiled, int8, packed
+from minispec.kernels import compiled, fbgemm, int8, packed, probe
 from minispec.model.transformer import Transformer
 
-KINDS = ("reference", "fast", "compiled", "int8")
+KINDS = ("reference", "fast", "compiled", "int8", "fp16", "int8-dynamic")
 
-_APPLY = {"fast": packed.apply, "compiled": compiled.apply, "int8": int8.apply}
+_APPLY = {"fast": packed.apply, "compiled": compiled.apply, "int8": int8.apply, "fp16": fbgemm.apply_fp16,
+          "int8-dynamic": fbgemm.apply_int8_dynamic}
 
 
 def kind_of(model: Transformer) -> str:
@@ -38,9 +46,33 @@ def kind_of(model: Transformer) -> str:
 
 
 def auto_kind(model: Transformer) -> str:
-    """--kernels auto for `model`: "fast" where its packed weights apply (a float32 or bfloat16 model
-    on the CPU, in a dtype this CPU's oneDNN packs: packed.packs), else "reference"."""
-    return "fast" if model.device.type == "cpu" and packed.packs(model.dtype) else "reference"
+    """--kernels auto for a target: the fastest kind that keeps its weights. "fast" where oneDNN packs
+    the model's dtype here (packed.packs: float32 anywhere, bfloat16 with AVX-512); a bfloat16 model
+    on a CPU that does not pack it (AVX2 only) runs "fp16", whose float16 weights hold every bfloat16
+    weight exactly but those below 2^-14 in magnitude (float16's subnormals); else "reference"."""
+    if model.device.type != "cpu":
+        return "reference"
+    if packed.packs(model.dtype):
+        return "fast"
+    if model.dtype == torch.bfloat16 and fbgemm.available():
+        return "fp16"
+    return "reference"
+
+
+def auto_draft_kind(model: Transformer) -> str:
+    """--draft-kernels auto for a separate draft model: of the kinds that keep its weights to within
+    float16 ("fast", "fp16") and that this CPU runs, the one whose one-row step is fastest here,
+    measured once per process and layer shape (probe.fastest_kind). int8-dynamic is faster still
+    but rounds the activations too, which costs a small draft much of its acceptance (SmolLM2's own
+    copy: 0.2 at the first position): it is there to choose, by measurement, not by default."""
+    if model.device.type != "cpu":
+        return "reference"
+    candidates = [kind for kind in ("fast", "fp16")
+                  if (kind == "fast" and packed.packs(model.dtype)) or (kind == "fp16" and fbgemm.available())]
+    if not candidates:
+        return "reference"
+    return probe.fastest_kind(tuple(candidates), model.config.hidden_size, model.config.intermediate_size,
+                              model.dtype)
 
 
 def apply(model: Transformer, kind: str, *, checkpoint: str | Path | None = None) -> Transformer:

@@ -1,0 +1,240 @@
+"""Weight formats on this CPU: bytes per token, what a pass of k rows costs, and what each buys end to end.
+
+    python scripts/speed/bench_formats.py [--ckpt qwen2.5-coder-1.5b-instruct] [--draft qwen2.5-coder-0.5b-instruct]
+                                          [--formats fast-float32,fast-bfloat16,fp16,int8-dynamic] [--prompts 3]
+
+A decoding step reads every weight once, so the format of the weights sets its floor: bytes /
+bandwidth. Per format (minispec.kernels kind on a dtype; a kind this CPU cannot run is skipped
+with one line):
+
+1. bytes: the weights one forward reads (the embedding excluded: one row per token); the bound
+   on plain decoding, B / bytes, with B the bandwidth measured here (minispec.kernels.measure).
+2. pass cost: ms of one target pass of k = 1..--rows new tokens on a cache holding the first
+   HumanEval prompt (blocks + LM head, minispec.kernels.measure.pass_costs); k = 1 is a decode
+   step, k = gamma + 1 a verify pass. The compute floor of a pass, k x 2 x parameters / the
+   matmul rate measured here, says when a pass stops being bound by the bytes.
+3. end to end on the first --prompts HumanEval prompts, T = 0, --new-tokens tokens: plain
+   decoding (tok/s, share of the bound, the tokens before the first difference from float32's
+   and whether the two logits there are a near-tie), and speculative decoding with the n-gram
+   draft and with --draft in --draft-format at each --gammas (tok/s, tau, speed-up over the same
+   format's plain decoding, output = that plain decoding's).
+
+Per prompt every configuration takes its turn; ratios are medians over prompts. Writes
+bench_formats.json and .md to --out (default out/bench_formats/).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
+import benchlib
+from benchlib import fmt, md_table, median, ratio
+
+import torch  # noqa: E402
+
+from minispec.cli import ranged  # noqa: E402
+from minispec.errors import MinispecError  # noqa: E402
+from minispec.kernels import measure as probe  # noqa: E402
+
+PROG = "bench_formats"
+FORMATS = {  # name -> (load dtype, kernels kind)
+    "fast-float32": (torch.float32, "fast"), "fast-bfloat16": (torch.bfloat16, "fast"),
+    "fp16": (torch.float32, "fp16"), "int8-dynamic": (torch.float32, "int8-dynamic"),
+    "int8": (torch.bfloat16, "int8"), "reference-bfloat16": (torch.bfloat16, "reference"),
+}
+BYTES_PER_WEIGHT = {"fast-float32": 4, "fast-bfloat16": 2, "fp16": 2, "int8-dynamic": 1, "int8": 1,
+                    "reference-bfloat16": 2}
+
+
+def load(folder: Path, name: str):
+    """The model at `folder` in format `name`, or None (and one line) where this CPU cannot run it."""
+    import minispec
+    from minispec import kernels
+
+    dtype, kind = FORMATS[name]
+    model = minispec.load_model(folder, dtype=dtype)
+    try:
+        return kernels.apply(model, kind, checkpoint=folder)
+    except MinispecError as error:
+        print(f"{PROG}: skipping {name} on this CPU: {error}", file=sys.stderr)
+        return None
+
+
+def linear_weights(model) -> int:
+    """Weights of the blocks' and head's linear layers (what a forward reads, the embedding aside)."""
+    c = model.config
+    kv = c.num_kv_heads * c.head_dim
+    block = c.hidden_size * (c.num_heads * c.head_dim + 2 * kv) + c.num_heads * c.head_dim * c.hidden_size \
+        + 3 * c.hidden_size * c.intermediate_size
+    return c.num_layers * block + c.vocab_size * c.hidden_size
+
+
+def matmul_gflops(reps: int = 10) -> float:
+    """The CPU's float32 matrix-matrix rate (GFLOP/s): a [256, 2048] x [2048, 2048] product."""
+    a, b = torch.randn(256, 2048), torch.randn(2048, 2048)
+    return 2 * 256 * 2048 * 2048 / probe.timed(lambda: a @ b, reps) / 1e9
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def near_tie(reference, prompt: list[int], tokens: list[int], at: int, margin: float = 0.1) -> bool:
+    """Whether the float32 model's logits of the two tokens that part at `at` are within `margin`."""
+    with torch.inference_mode():
+        logits = reference(torch.tensor([prompt + tokens[:at]]), reference.new_cache(1, len(prompt) + at))[0, -1]
+    top2 = torch.topk(logits, 2).values
+    return bool(top2[0] - top2[1] < margin)
+
+
+def measure(args, ckpt) -> dict:
+    import minispec
+    from minispec.chain.drafters import ModelDrafter, make_drafter
+    from minispec.decode import generate
+
+    tokenizer = minispec.load_tokenizer(ckpt)
+    prompts = benchlib.load_prompts(["humaneval"], args.prompts, tokenizer)
+    eos = tokenizer.eos_token_ids
+    bandwidth = probe.bandwidth()
+    gflops = matmul_gflops()
+    reference = minispec.load_model(ckpt, dtype=torch.float32)  # float32 greedy: the quality reference
+    want = {p.source_id: generate(reference, p.ids, max_new_tokens=args.new_tokens, eos_token_ids=eos).tokens
+            for p in prompts}
+    draft = None
+    if args.draft is not None:
+        draft_model = load(benchlib.checkpoint(args.draft), args.draft_format)
+        draft = None if draft_model is None else ModelDrafter(draft_model, name=f"draft {args.draft_format}")
+    formats, runs = [], []
+    for name in args.formats:
+        model = load(ckpt, name)
+        if model is None:
+            continue
+        weights = linear_weights(model)
+        nbytes = weights * BYTES_PER_WEIGHT[name]
+        context = prompts[0].ids
+        cache = model.new_cache(1, len(context) + args.rows + 1)
+        with torch.inference_mode():
+            model.forward_hidden(torch.tensor([context]), cache)
+        start = cache.length
+        seconds = probe.pass_costs(model, cache, range(1, args.rows + 1), rollback=lambda: cache.truncate(start),
+                                   reps=args.reps)
+        del cache
+        formats.append({"format": name, "weights": weights, "bytes": nbytes,
+                        "bound_tps": bandwidth["bandwidth_gbps"] * 1e9 / nbytes,
+                        "pass_ms": {k: 1000 * s for k, s in seconds.items()},
+                        "floor_ms": {k: 1000 * k * 2 * weights / (gflops * 1e9) for k in seconds}})
+        generate(model, prompts[0].ids, max_new_tokens=4, eos_token_ids=eos)  # warm-up: the first call's one-off costs
+        configs = {"plain": None, **{f"n-gram g{g}": ("ngram:3", g) for g in args.gammas}}
+        if draft is not None:
+            configs.update({f"{draft.name} g{g}": (draft, g) for g in args.gammas})
+        for prompt in prompts:
+            plain_tokens = None
+            for config, spec in configs.items():
+                options = {} if spec is None else {"draft": make_drafter(spec[0], model) if isinstance(spec[0], str)
+                                                   else spec[0], "gamma": spec[1]}
+                t0 = time.perf_counter()
+                result = generate(model, prompt.ids, max_new_tokens=args.new_tokens, eos_token_ids=eos, **options)
+                seconds = time.perf_counter() - t0
+                plain_tokens = result.tokens if spec is None else plain_tokens
+                differ = first_difference(result.tokens, want[prompt.source_id])
+                runs.append({"format": name, "config": config, "prompt": prompt.source_id,
+                             "tps": len(result.tokens) / seconds,
+                             "decode_tps": result.stats.get("decode_tokens_per_second"),
+                             "tau": result.stats.get("tau"), "generated": len(result.tokens),
+                             "equals_plain": result.tokens == plain_tokens,
+                             "float32_prefix": differ, "near_tie": None if differ is None or spec is not None
+                             else near_tie(reference, prompt.ids, want[prompt.source_id], differ)})
+                print(f"{PROG}: {name:<14} {config:<22} {prompt.source_id:<14} {runs[-1]['tps']:.1f} tok/s",
+                      file=sys.stderr, flush=True)
+        del model
+    return {"bandwidth": bandwidth, "matmul_gflops": gflops, "cpu": benchlib.cpu_flags_summary(),
+            "settings": {"prompts": args.prompts, "new_tokens": args.new_tokens, "gammas": list(args.gammas),
+                         "draft": str(args.draft), "draft_format": args.draft_format},
+            "formats": formats, "runs": runs}
+
+
+def summarize(result: dict) -> list[dict]:
+    rows = []
+    for f in result["formats"]:
+        mine = [r for r in result["runs"] if r["format"] == f["format"]]
+        plain = {r["prompt"]: r for r in mine if r["config"] == "plain"}
+        for config in dict.fromkeys(r["config"] for r in mine):
+            these = [r for r in mine if r["config"] == config]
+            rows.append({"format": f["format"], "config": config, "tps": median(r["tps"] for r in these),
+                         "decode_tps": median(r["decode_tps"] for r in these),
+                         "x_plain": median(ratio(r["tps"], plain[r["prompt"]]["tps"]) for r in these),
+                         "of_bound": None if config != "plain" else
+                         median(r["decode_tps"] for r in these) / f["bound_tps"],
+                         "tau": median(r["tau"] for r in these) if config != "plain" else None,
+                         "equals_plain": sum(r["equals_plain"] for r in these), "prompts": len(these),
+                         "float32_equal": sum(r["float32_prefix"] is None for r in these),
+                         "near_ties": sum(bool(r["near_tie"]) for r in these)})
+    return rows
+
+
+def render(result: dict) -> str:
+    bw = result["bandwidth"]
+    lines = ["# minispec: weight formats on this CPU\n", benchlib.record_markdown(result["run"]),
+             f"CPU flags: {result['cpu']}. Bandwidth B = {bw['bandwidth_gbps']:.1f} GB/s "
+             f"({', '.join(f'{k} {v:.1f}' for k, v in bw.items() if k != 'bandwidth_gbps')}); float32 matmul "
+             f"{result['matmul_gflops']:.0f} GFLOP/s.\n"]
+    ks = sorted({int(k) for f in result["formats"] for k in f["pass_ms"]})
+    lines.append("## Bytes and the cost of a pass of k rows\n")
+    lines.append(md_table(["format", "GB per step", "bound tok/s"] + [f"k={k} ms" for k in ks]
+                          + [f"k={k} / step" for k in ks if k > 1] + ["compute floor ms per row"],
+                          [[f["format"], f"{f['bytes'] / 1e9:.2f}", f"{f['bound_tps']:.1f}"]
+                           + [f"{f['pass_ms'][k] if k in f['pass_ms'] else f['pass_ms'][str(k)]:.0f}" for k in ks]
+                           + [f"{_ms(f, k) / _ms(f, 1):.2f}" for k in ks if k > 1]
+                           + [f"{_floor(f, 1):.1f}"] for f in result["formats"]]) + "\n")
+    lines.append("## End to end (HumanEval prompts, T = 0)\n")
+    lines.append(md_table(["format", "config", "tok/s", "decode tok/s", "x own plain", "of bound", "tau",
+                           "= own plain", "= float32 greedy", "near-ties"],
+                          [[r["format"], r["config"], fmt(r["tps"], ".1f"), fmt(r["decode_tps"], ".1f"),
+                            fmt(r["x_plain"], ".2f") + "x", fmt(r["of_bound"], ".0%"), fmt(r["tau"], ".2f"),
+                            f"{r['equals_plain']}/{r['prompts']}", f"{r['float32_equal']}/{r['prompts']}",
+                            str(r["near_ties"])] for r in summarize(result)]) + "\n")
+    return "\n".join(lines)
+
+
+def _ms(f: dict, k: int) -> float:
+    return f["pass_ms"][k] if k in f["pass_ms"] else f["pass_ms"][str(k)]
+
+
+def _floor(f: dict, k: int) -> float:
+    return f["floor_ms"][k] if k in f["floor_ms"] else f["floor_ms"][str(k)]
+
+
+def build_parser() -> benchlib.Parser:
+    p = benchlib.script_parser(PROG, __doc__, ckpt_help="the target: a folder or a known name "
+                                                        "(default: qwen2.5-coder-1.5b-instruct)")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct",
+                   help="a draft model's folder or known name ('none': n-gram only)")
+    p.add_argument("--draft-format", choices=list(FORMATS), default="int8-dynamic", help="the draft model's format")
+    p.add_argument("--formats", type=benchlib.name_list("--formats", tuple(FORMATS)),
+                   default="fast-float32,fast-bfloat16,fp16,int8-dynamic", help="comma-separated target formats")
+    p.add_argument("--prompts", type=ranged(int, "--prompts", lo=1, hi=164), default=3, help="HumanEval prompts")
+    p.add_argument("--new-tokens", type=ranged(int, "--new-tokens", lo=1, hi=4096), default=64)
+    p.add_argument("--gammas", type=benchlib.number_list(int, "--gammas", 1), default="3,5")
+    p.add_argument("--rows", type=ranged(int, "--rows", lo=1, hi=64), default=8, help="pass costs for k = 1..ROWS")
+    p.add_argument("--reps", type=ranged(int, "--reps", lo=1), default=5, help="timed repetitions of each pass")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--ckpt" not in argv:
+        argv = ["--ckpt", "qwen2.5-coder-1.5b-instruct", *argv]
+    parser = build_parser()
+    return benchlib.run_benchmark(PROG, argv, parser, lambda args, ckpt: measure(_draft(args), ckpt), render)
+
+
+def _draft(args):
+    args.draft = None if args.draft == "none" else args.draft
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(main())
