@@ -104,12 +104,14 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str] | None) -> froz
 def in_flags(message: str, flags: dict[str, str]) -> str:
     """A library message in a command's words. The library names its arguments as `name=value`
     (`draft='foo': unknown drafter`); each `name=` whose name is in `flags` (the API's name -> the
-    flag that sets it) reads `--flag value` instead. The one place where the CLI's words replace
-    the API's."""
+    flag that sets it) reads `--flag value` instead, and a switch's `name=True` reads `--flag`. The
+    one place where the CLI's words replace the API's."""
     if not flags:
         return message
     names = "|".join(re.escape(name) for name in sorted(flags, key=len, reverse=True))
-    return re.sub(rf"(?<![\w.-])({names})=(?!=)", lambda m: flags[m.group(1)] + " ", message)
+    return re.sub(rf"(?<![\w.-])({names})=(?!=)(True\b)?(?=(.?))",  # (.?): what follows, for the space
+                  lambda m: flags[m.group(1)] + ("" if m.group(2) or m.group(3) in ("", " ", ",", ";", ")") else " "),
+                  message)
 
 
 def run_main(prog: str, body: Callable[[], int | None], flags: dict[str, str] | None = None) -> int:

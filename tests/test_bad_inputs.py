@@ -409,7 +409,7 @@ ROWS: list[Row] = [
     cli("gamma-huge", f"{G} --draft ngram --gamma 10000 --json", 0, check=check_finished,
         note="drafts are capped by max_new_tokens; gamma needs no room in the context"),
     cli("context-overflow-with-gamma", "--ckpt CKPT --max-new-tokens 600 --draft ngram --gamma 10000", 2,
-        "max_new_tokens=600", "max_position_embeddings=512", absent=("gamma",)),
+        "--max-new-tokens 600", "max_position_embeddings=512", absent=("gamma",)),
     # ---- draft trees
     cli("tree-without-draft", f"{G} --tree 8", 2, "--tree", "--draft"),
     cli("tree-zero", f"{G} --draft ngram --tree 0", 2, "--tree"),
@@ -442,7 +442,7 @@ ROWS: list[Row] = [
     cli("policy-option-twice", f"{G} --draft ngram --policy typical:eps=0.1,eps=0.2", 2, "'eps'", "twice"),
     cli("policy-option-and-its-flag", f"{G} --draft ngram --policy dropmatch:paths=3 --paths 4", 2, "--paths",
         "paths"),
-    cli("policy-option-out-of-range", f"{G} --draft ngram --policy typical:eps=2", 2, "--policy typical", "eps = 2"),
+    cli("policy-cli-option-out-of-range", f"{G} --draft ngram --policy typical:eps=2", 2, "--policy typical", "eps = 2"),
     cli("policy-options-without-draft", f"{G} --policy typical:eps=0.1", 2, "--policy", "--draft"),
     cli("policy-option-fly-window", f"{G} --draft ngram --policy fly:window_size=5", 2,
         "--policy fly:window_size=5", "--gamma 5"),
@@ -531,12 +531,12 @@ ROWS: list[Row] = [
     cli("tree-budget-beyond-the-branching", f"{G} --draft early-exit:1 --tree 64 --json", 0,
         check=check_budget_of(20), note="runs with 20 nodes per tree: all that branching 4,2,1 can hold"),
     api("tree-budget-beyond-memory", "minispec.trees.speculative.usable_budget(model, minispec.trees.drafters."
-        "NgramTreeDrafter(), 10**12, 5, 10**12)", MinispecError, "--tree", "GiB", "available"),
+        "NgramTreeDrafter(), 10**12, 5, 10**12)", MinispecError, "tree=", "GiB", "available"),
     cli("tree-branching-beyond-the-vocabulary", f"{G} --draft early-exit:1 --tree 8 --branching 100000 --json", 0,
         check=check_finished, note="runs: a node never gets more children than the budget can keep"),
     cli("dropmatch-paths-beyond-memory", f"{G} --draft ngram --policy dropmatch --paths 1000000000", 2, "--paths",
         "GiB", "available"),
-    api("kv-cache-beyond-memory", "model.new_cache(2**40, 512)", MinispecError, "KV cache", "GiB", "--batch-size"),
+    api("kv-cache-beyond-memory", "model.new_cache(2**40, 512)", MinispecError, "KV cache", "GiB", "batch_size="),
     # ---- settings that cannot apply are errors, not ignored
     cli("tree-branching-deeper-than-gamma", f"{G} --draft early-exit:1 --tree 8 --gamma 2 --branching 2,2,2", 2,
         "--branching", "--gamma"),

@@ -146,7 +146,7 @@ def test_out_of_range_flags(capsys, argv, message):
         (["--policy", "nope", "--draft", "ngram"], "--policy 'nope': unknown acceptance policy"),
         (["--draft", "bogus"], "--draft 'bogus': unknown drafter"),
         (["--draft", "early-exit:30"], "expected an integer N with 1 <= N <= 29"),
-        (["--kernels", "compiled", "--dtype", "float64"], "--kernels compiled"),
+        (["--kernels", "compiled", "--dtype", "float64"], "--kernels 'compiled'"),
     ],
 )
 def test_bad_names_for_policy_and_drafter(real_ckpt, capsys, argv, message):
@@ -345,9 +345,9 @@ def test_run_main_turns_errors_interrupts_and_closed_pipes_into_exit_statuses(ca
 def test_interrupted_generation_keeps_what_was_generated(real_ckpt, capsys, monkeypatch):
     """Ctrl-C while generating: the streamed text so far ends with its newline, and --json prints the
     object with the tokens so far, finish_reason "interrupted"; exit 130 and one line on stderr."""
-    import minispec.chain.speculative
+    import minispec.decode
 
-    real_generate = minispec.chain.speculative.generate_chain
+    real_generate = minispec.decode.generate_chain  # what the front door hands one prompt to
 
     def interrupted_after_four_tokens(*args, on_tokens, **kwargs):
         def callback(tokens, num_accepted, num_proposed):
@@ -358,7 +358,7 @@ def test_interrupted_generation_keeps_what_was_generated(real_ckpt, capsys, monk
         callback.count = 0
         return real_generate(*args, on_tokens=callback, **kwargs)
 
-    monkeypatch.setattr(minispec.chain.speculative, "generate_chain", interrupted_after_four_tokens)
+    monkeypatch.setattr(minispec.decode, "generate_chain", interrupted_after_four_tokens)
     common = ("--ckpt", str(real_ckpt), "--max-new-tokens", "30")
     code, out, err = run_cli(capsys, *common, "--json")
     result = json.loads(out)

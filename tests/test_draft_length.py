@@ -240,7 +240,7 @@ def test_p_min_errors_are_one_line():
     for bad in (1.5, -0.1, math.nan):
         with pytest.raises(MinispecError) as err:
             make_drafter("early-exit:1", random_model(tiny_config(num_layers=2), 0), p_min=bad)
-        assert "--draft-p-min" in one_line(err) and "expected a number in [0, 1]" in one_line(err)
+        assert "p_min=" in one_line(err) and "expected a number in [0, 1]" in one_line(err)
     with pytest.raises(MinispecError) as err:
         make_drafter(ModelDrafter(target), target, p_min=0.5)
     assert "drafter's own constructor" in one_line(err)

@@ -116,7 +116,7 @@ def test_a_bfloat16_self_draft_of_a_bfloat16_target_is_refused(dtype):
         with pytest.raises(MinispecError) as err:
             make_drafter("self:bf16", target)
         assert one_line(err).startswith("draft='self:bf16': the target is already bfloat16")
-        assert "--dtype" in str(err.value) and "self:int8" in str(err.value)
+        assert "dtype=" in str(err.value) and "self:int8" in str(err.value)
     else:
         assert make_drafter("self:bf16", target).model.dtype == torch.bfloat16
 

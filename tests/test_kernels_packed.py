@@ -209,7 +209,7 @@ def test_apply_errors_name_the_flag_and_what_is_expected(monkeypatch):
     _one_line_error(model, "turbo", r"^kind='turbo': unknown kind; expected one of reference, fast, compiled, int8")
     _one_line_error(copy.deepcopy(model).to("meta"), "fast", r"on meta; expected a CPU model")
     _one_line_error(kernels.apply(copy.deepcopy(model), "int8"), "fast",
-                    r"^--kernels fast: the model was already rewritten to 'int8'; expected a freshly loaded")
+                    r"^kind='fast': the model was already rewritten to 'int8'; expected a freshly loaded")
     _one_line_error(kernels.apply(copy.deepcopy(model), "fast"), "reference", r"already rewritten to 'fast'")
     model = random_model(tiny_config(), 0, dtype=torch.float32)
     _one_line_error(model, "int8", r"^kind='int8': intermediate_size = 24; expected a multiple of 16")
@@ -218,16 +218,17 @@ def test_apply_errors_name_the_flag_and_what_is_expected(monkeypatch):
     assert kernels.kind_of(model) == "reference"
 
 
-def test_a_dtype_this_cpu_cannot_pack_is_refused_and_auto_keeps_model_py(monkeypatch):
+def test_a_dtype_this_cpu_cannot_pack_is_refused_and_auto_runs_it_as_fp16(monkeypatch):
     """oneDNN packs bfloat16 only on CPUs with the instructions its kernels need: elsewhere "fast" on a
-    bfloat16 model is one line naming --dtype, and --kernels auto leaves that model as written."""
+    bfloat16 model is one line naming dtype=, and --kernels auto runs that model as fp16 (fbgemm) instead."""
     bf16 = random_model(tiny_config(), 0, dtype=torch.bfloat16)
     fp32 = random_model(tiny_config(), 0, dtype=torch.float32)
     monkeypatch.setattr(packed, "packs", lambda dtype: dtype == torch.float32)
     _one_line_error(bf16, "fast", r"^kind='fast': this CPU's oneDNN has no packed torch.bfloat16 matmul .*"
                                   r"expected dtype=float32, or kind='reference'$")
     assert kernels.kind_of(bf16) == "reference"
-    assert kernels.auto_kind(bf16) == "reference" and kernels.auto_kind(fp32) == "fast"
+    assert kernels.auto_kind(fp32) == "fast"  # and bfloat16 runs as fp16 where fbgemm is, else as written
+    assert kernels.auto_kind(bf16) == ("fp16" if kernels.fbgemm.available() else "reference")
 
 
 def test_the_packing_probe_says_what_this_cpu_can_do():

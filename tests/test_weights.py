@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 
 import minispec.checkpoints.convert as convert
 import minispec.checkpoints.fetch as weights
+from minispec.cli import in_flags
 from minispec.errors import CheckpointError
 from minispec.checkpoints.convert import convert_gguf, hf_name, unpermute_qk
 from minispec.checkpoints.fetch import ensure_default_checkpoint, main
@@ -386,7 +387,9 @@ def test_too_little_room_is_one_line_before_anything_is_written(offline_fetch, t
     assert ("GGUF download" in message) == (stage == "download") and (offline_fetch == []) == (stage == "download")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.gguf"]  # nothing written, nothing left
     assert main(["--dest", str(dest)]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"minispec.weights: error: {message}"]
+    cli = in_flags(message, weights.FLAGS)  # the command names its flag where the library names its argument
+    assert "dest=" in message and "--dest" in cli
+    assert capsys.readouterr().err.strip().splitlines() == [f"minispec.weights: error: {cli}"]
 
 
 def test_force_replaces_only_the_files_the_converter_writes(offline_fetch, tmp_path):
@@ -657,8 +660,8 @@ def test_cli_mistakes_are_one_line(argv, message, capsys):
 def test_a_dtype_other_than_the_folders_is_an_error_not_ignored(offline_fetch, tmp_path):
     dest = ensure_default_checkpoint(tmp_path / "ckpt", quiet=True)  # float32
     assert weights.ensure_checkpoint(weights.DEFAULT_NAME, dest, dtype="float32", quiet=True) == dest
-    with pytest.raises(CheckpointError, match=r"ckpt: already converted, in float32; expected bfloat16 \(--dtype\): "
-                                              "use --force"):
+    with pytest.raises(CheckpointError, match=r"ckpt: already converted, in float32; expected dtype=bfloat16 "
+                                              r"\(or force=True to convert it again\)"):
         weights.ensure_checkpoint(weights.DEFAULT_NAME, dest, dtype="bfloat16", quiet=True)
     weights.ensure_checkpoint(weights.DEFAULT_NAME, dest, dtype="bfloat16", quiet=True, force=True)
     assert json.loads((dest / "config.json").read_text())["torch_dtype"] == "bfloat16"

@@ -85,7 +85,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
     CheckpointError too.
     """
     if dtype not in OUTPUT_DTYPES:
-        raise CheckpointError(f"--dtype {dtype!r}: not a dtype the converter writes; expected one of "
+        raise CheckpointError(f"dtype={dtype!r}: not a dtype the converter writes; expected one of "
                               f"{', '.join(OUTPUT_DTYPES)}")
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     reader, meta = open_gguf(gguf_path)
@@ -112,7 +112,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
     weight_bytes = params * (4 if dtype == "float32" else 2)
     shown = Path(shown_as) if shown_as is not None else out_dir
     require_free(out_dir, weight_bytes, f"the {dtype} weights, config and tokenizer",
-                 "free some space, or convert into another folder with --dest", shown_as=shown)
+                 "free some space, or convert into another folder (dest=)", shown_as=shown)
     _say(f"converting {len(plan)} tensors ({arch}, {params / 1e6:.0f}M parameters) from {gguf_path.name} "
          f"to {dtype} ...", quiet)
     json_files = {"config.json": config, "tokenizer_config.json": tokenizer_config,

