@@ -176,3 +176,18 @@ def test_readme_reading_guide_is_the_package_docstring():
     assert reading_guide(readme) == reading_guide(minispec.__doc__)
     for name in re.findall(r"\b([a-z_/]+(?:\.py|/))(?=[\s,:)]|$)", reading_guide(minispec.__doc__)):
         assert list(PACKAGE.rglob(name.rstrip("/"))), f"the reading guide names {name}, which is not in the package"
+
+
+def test_minispec_generate_is_the_front_door_whatever_was_imported_first():
+    """One `generate` a user imports: minispec.generate is minispec.decode.generate, also after the
+    command line's package (also named minispec.generate) was imported, and it cannot be rebound."""
+    import subprocess
+    import sys
+
+    code = ("import minispec.generate.flags, minispec, minispec.decode; from minispec import generate; "
+            "assert minispec.generate is minispec.decode.generate is generate; "
+            "import minispec.generate as cli; assert cli is minispec.decode.generate; "
+            "from minispec.generate import main; assert callable(main)\n"
+            "try:\n    minispec.generate = print\nexcept AttributeError: pass\nelse: raise SystemExit('rebound')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
