@@ -378,6 +378,23 @@ def load_minispec(ckpt: Path, dtype: torch.dtype, kernels: str, drafters: Sequen
     return Loaded(model, built, nbytes, compile_seconds)
 
 
+def runs_here(prog: str, dtype_name: str, kind: str) -> bool:
+    """Whether this CPU runs minispec.kernels kind `kind` on `dtype_name` weights; if not, one line
+    on stderr saying which configuration is skipped and why (a benchmark never ends in a traceback
+    for a CPU feature it lacks)."""
+    from minispec.kernels import fbgemm, packed
+
+    dtype = getattr(torch, dtype_name)
+    if kind in ("fast", "compiled") and not packed.packs(dtype):
+        why = f"this CPU's oneDNN does not pack {dtype_name} (it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
+    elif kind in ("fp16", "int8-dynamic") and not fbgemm.available():
+        why = "this torch build or CPU has no fbgemm"
+    else:
+        return True
+    print(f"{prog}: skipping {dtype_name} {kind}: {why}", file=sys.stderr)
+    return False
+
+
 def weights_bytes(model) -> int:
     """Bytes of the model's distinct parameter tensors (a tied head counted once)."""
     seen, total = set(), 0

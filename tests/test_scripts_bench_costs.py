@@ -151,3 +151,18 @@ def test_memory_child_reports_the_rise_of_a_real_generation(real_ckpt, tmp_path)
 
     assert row["weights_bytes"] == benchlib.weights_bytes(load_model(real_ckpt, dtype=torch.bfloat16))
     assert row["tokens"] == 2 and row["peak_rise_bytes"] >= row["after_load_rise_bytes"] > 0
+
+
+def test_a_configuration_this_cpu_cannot_run_is_skipped_in_one_line(monkeypatch, capsys):
+    """An AVX2-only CPU has no packed bfloat16: the benchmarks skip that configuration, saying so."""
+    from minispec.kernels import fbgemm, packed
+
+    monkeypatch.setattr(packed, "packs", lambda dtype: dtype == torch.float32)
+    monkeypatch.setattr(fbgemm, "available", lambda: False)
+    assert benchlib.runs_here("bench_x", "float32", "fast") and benchlib.runs_here("bench_x", "bfloat16", "reference")
+    assert not benchlib.runs_here("bench_x", "bfloat16", "fast")
+    assert not benchlib.runs_here("bench_x", "float32", "int8-dynamic")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["bench_x: skipping bfloat16 fast: this CPU's oneDNN does not pack bfloat16 (it needs AVX-512 "
+                   "BW/VL/DQ or AVX-NE-CONVERT)", "bench_x: skipping float32 int8-dynamic: this torch build or CPU "
+                   "has no fbgemm"]

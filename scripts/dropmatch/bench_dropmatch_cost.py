@@ -164,6 +164,8 @@ def measure(args, ckpt) -> dict:
     rows = []
     for dtype_name in args.dtypes:
         for kernels in args.kernels:
+            if not benchlib.runs_here(PROG, dtype_name, kernels):
+                continue
             print(f"{PROG}: {dtype_name}, {kernels} ...", file=sys.stderr)
             model = benchlib.load_minispec(ckpt, getattr(torch, dtype_name), kernels,
                                            verify_rows=(args.gamma + 1,)).model

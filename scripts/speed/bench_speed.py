@@ -312,6 +312,8 @@ def run(args, ckpt: Path) -> dict:
         dtype = getattr(torch, dtype_name)
         systems, targets = {}, {}
         for kind in args.kernels:
+            if not benchlib.runs_here(PROG, dtype_name, kind):
+                continue
             spec_kind = kind != "reference" and "speculative" in args.sections
             drafters = () if not spec_kind else ("ngram",) if kind == "compiled" else \
                 tuple(d for d in args.drafters if d != "self:bf16" or dtype == torch.float32)

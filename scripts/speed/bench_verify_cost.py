@@ -133,6 +133,8 @@ def measure_all(args, ckpt) -> dict:
     passes, ceilings = [], []
     for dtype_name in args.dtypes:
         for kernels in args.kernels:
+            if not benchlib.runs_here(PROG, dtype_name, kernels):
+                continue
             print(f"{PROG}: {dtype_name}, {kernels} ...", file=sys.stderr)
             p, c = measure(ckpt, getattr(torch, dtype_name), kernels, prompt.ids, args.gammas, rows, args.reps,
                            args.target)
