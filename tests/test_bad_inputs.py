@@ -433,7 +433,7 @@ ROWS: list[Row] = [
     cli("fly-top-k-zero", f"{G} --draft ngram --policy fly --fly-entropy-top-k 0", 2, "--fly-entropy-top-k"),
     cli("fly-runs", f"{G} --draft ngram --policy fly --fly-window 2 --json", 0, check=check_finished,
         note="W below gamma"),
-    cli("policy-unknown-name", f"{G} --draft ngram --policy nosuch", 2, "--policy 'nosuch'", "'exact'"),
+    cli("policy-unknown-name", f"{G} --draft ngram --policy nosuch", 2, "--policy 'nosuch'", "exact, fly"),
     cli("policy-unknown-option", f"{G} --draft ngram --policy typical:epz=0.1", 2, "--policy typical", "'epz'",
         "'eps'"),
     cli("policy-option-not-a-number", f"{G} --draft ngram --policy typical:eps=x", 2, "--policy typical", "eps",

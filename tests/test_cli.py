@@ -445,14 +445,15 @@ def test_help_shows_every_default(monkeypatch):
     assert checked >= 10  # --max-new-tokens, --dtype, --temperature, --seed, --gamma, ...
 
 
-def test_a_registered_user_policy_takes_its_options_from_the_command_line(real_ckpt, capsys):
+def test_a_registered_user_policy_takes_its_options_from_the_command_line(real_ckpt, capsys, monkeypatch):
     """A policy registered with acceptance.register is named on the command line with its own options,
     converted by its constructor's signature (a float, a bool): no flag of minispec's is needed."""
     import torch
 
     from minispec import acceptance
-    from minispec.acceptance import AcceptancePolicy, Decision, first_rejection
+    from minispec.acceptance import AcceptancePolicy, Decision, base, first_rejection
 
+    monkeypatch.setattr(base, "_REGISTRY", dict(base._REGISTRY))  # the registration ends with the test
     built = []
 
     @acceptance.register("test-cli-threshold")

@@ -34,7 +34,10 @@ from minispec.acceptance.lenience import Lenience
 from minispec.acceptance.sampling import SpeculativeSampling
 from minispec.acceptance.typical import TypicalAcceptance
 
+BUILT_IN = tuple(available())  # minispec's own policies; a user's join the registry, not this list
+
 __all__ = [
+    "BUILT_IN",
     "AcceptancePolicy", "VerifyInput", "Decision", "PolicyInputError", "register", "get", "available",
     "check_input", "first_rejection",
     "ExactMatch", "SpeculativeSampling", "BlockVerification", "TraversalVerification", "TypicalAcceptance",

@@ -321,7 +321,8 @@ def policy_spec(text: str) -> tuple[str, dict]:
 
     name, colon, rest = text.partition(":")
     if name not in acceptance.available():
-        raise MinispecError(f"--policy {name!r}: unknown acceptance policy; expected one of {acceptance.available()}")
+        raise MinispecError(f"--policy {name!r}: unknown acceptance policy; expected a registered name (minispec's "
+                            f"own: {', '.join(acceptance.BUILT_IN)})")
     if colon and not rest:
         raise MinispecError(f"--policy {text!r}: expected key=value after the colon, or no colon")
     parameters = constructor_options(name)

@@ -19,7 +19,10 @@ with one line):
    draft and with --draft in --draft-format at each --gammas (tok/s, tau, speed-up over the same
    format's plain decoding, output = that plain decoding's).
 
-Per prompt every configuration takes its turn; ratios are medians over prompts. Writes
+With --quality only step 3's plain decoding runs (no pass costs, no drafts): how often each
+format's greedy output is float32's, and at the first difference whether float32's two logits
+there are a near-tie (within 0.1). Per prompt every configuration takes its turn; ratios are
+medians over prompts. Writes
 bench_formats.json and .md to --out (default out/bench_formats/).
 """
 
@@ -104,7 +107,7 @@ def measure(args, ckpt) -> dict:
     want = {p.source_id: generate(reference, p.ids, max_new_tokens=args.new_tokens, eos_token_ids=eos).tokens
             for p in prompts}
     draft = None
-    if args.draft is not None:
+    if args.draft is not None and not args.quality:
         draft_model = load(benchlib.checkpoint(args.draft), args.draft_format)
         draft = None if draft_model is None else ModelDrafter(draft_model, name=f"draft {args.draft_format}")
     formats, runs = [], []
@@ -113,6 +116,16 @@ def measure(args, ckpt) -> dict:
         if model is None:
             continue
         weights = linear_weights(model)
+        if args.quality:
+            formats.append({"format": name, "weights": weights, "bytes": weights * BYTES_PER_WEIGHT[name]})
+            for prompt in prompts:
+                tokens = generate(model, prompt.ids, max_new_tokens=args.new_tokens, eos_token_ids=eos).tokens
+                differ = first_difference(tokens, want[prompt.source_id])
+                runs.append({"format": name, "config": "plain", "prompt": prompt.source_id, "float32_prefix": differ,
+                             "generated": len(tokens), "near_tie": None if differ is None else
+                             near_tie(reference, prompt.ids, want[prompt.source_id], differ)})
+            del model
+            continue
         nbytes = weights * BYTES_PER_WEIGHT[name]
         context = prompts[0].ids
         cache = model.new_cache(1, len(context) + args.rows + 1)
@@ -152,7 +165,7 @@ def measure(args, ckpt) -> dict:
         del model
     return {"bandwidth": bandwidth, "matmul_gflops": gflops, "cpu": benchlib.cpu_flags_summary(),
             "settings": {"prompts": args.prompts, "new_tokens": args.new_tokens, "gammas": list(args.gammas),
-                         "draft": str(args.draft), "draft_format": args.draft_format},
+                         "draft": str(args.draft), "draft_format": args.draft_format, "quality": args.quality},
             "formats": formats, "runs": runs}
 
 
@@ -175,7 +188,22 @@ def summarize(result: dict) -> list[dict]:
     return rows
 
 
+def render_quality(result: dict) -> str:
+    rows = []
+    for f in result["formats"]:
+        mine = [r for r in result["runs"] if r["format"] == f["format"]]
+        parted = [r for r in mine if r["float32_prefix"] is not None]
+        rows.append([f["format"], f"{len(mine) - len(parted)}/{len(mine)}",
+                     ", ".join(f"{r['prompt']} at {r['float32_prefix']}" + (" (near-tie)" if r["near_tie"] else "")
+                               for r in parted) or "–"])
+    return ("# minispec: greedy agreement of each weight format with float32\n\n"
+            + benchlib.record_markdown(result["run"]) + "\n"
+            + md_table(["format", "= float32 greedy", "first difference (token index)"], rows) + "\n")
+
+
 def render(result: dict) -> str:
+    if result["settings"].get("quality"):
+        return render_quality(result)
     bw = result["bandwidth"]
     lines = ["# minispec: weight formats on this CPU\n", benchlib.record_markdown(result["run"]),
              f"CPU flags: {result['cpu']}. Bandwidth B = {bw['bandwidth_gbps']:.1f} GB/s "
@@ -220,6 +248,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--gammas", type=benchlib.number_list(int, "--gammas", 1), default="3,5")
     p.add_argument("--rows", type=ranged(int, "--rows", lo=1, hi=64), default=8, help="pass costs for k = 1..ROWS")
     p.add_argument("--reps", type=ranged(int, "--reps", lo=1), default=5, help="timed repetitions of each pass")
+    p.add_argument("--quality", action="store_true",
+                   help="plain greedy decoding only: each format's agreement with float32 (no timing, no drafts)")
     return p
 
 
