@@ -30,3 +30,9 @@ def test_pass_costs_leave_the_cache_as_they_found_it():
     seconds = measure.pass_costs(model, cache, (1, 3, 6), rollback=lambda: cache.truncate(5), reps=2)
     assert sorted(seconds) == [1, 3, 6] and all(s > 0 for s in seconds.values())
     assert cache.length == 5 and all(torch.equal(k[:, :, :5], old) for k, old in zip(cache.k, before))
+
+
+def test_fastest_kind_is_one_of_the_candidates_and_a_lone_candidate_wins():
+    kinds = ("fast", "fp16")
+    assert measure.fastest_kind(kinds, 64, 128, torch.float32, reps=2) in kinds
+    assert measure.fastest_kind(("fp16",), 64, 128, torch.float32, reps=2) == "fp16"

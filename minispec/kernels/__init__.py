@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from minispec.errors import MinispecError
-from minispec.kernels import compiled, fbgemm, int8, packed, probe
+from minispec.kernels import compiled, fbgemm, int8, measure, packed
 from minispec.model.transformer import Transformer
 
 KINDS = ("reference", "fast", "compiled", "int8", "fp16", "int8-dynamic")
@@ -62,7 +62,7 @@ def auto_kind(model: Transformer) -> str:
 def auto_draft_kind(model: Transformer) -> str:
     """--draft-kernels auto for a separate draft model: of the kinds that keep its weights to within
     float16 ("fast", "fp16") and that this CPU runs, the one whose one-row step is fastest here,
-    measured once per process and layer shape (probe.fastest_kind). int8-dynamic is faster still
+    measured once per process and layer shape (measure.fastest_kind). int8-dynamic is faster still
     but rounds the activations too, which costs a small draft much of its acceptance (SmolLM2's own
     copy: 0.2 at the first position): it is there to choose, by measurement, not by default."""
     if model.device.type != "cpu":
@@ -71,7 +71,7 @@ def auto_draft_kind(model: Transformer) -> str:
                   if (kind == "fast" and packed.packs(model.dtype)) or (kind == "fp16" and fbgemm.available())]
     if not candidates:
         return "reference"
-    return probe.fastest_kind(tuple(candidates), model.config.hidden_size, model.config.intermediate_size,
+    return measure.fastest_kind(tuple(candidates), model.config.hidden_size, model.config.intermediate_size,
                               model.dtype)
 
 

@@ -5,6 +5,8 @@ a pass of k rows against a decode step. The benchmarks in scripts/ and the kerne
     bandwidth()                          GB/s streaming weights through a matrix-vector product:
                                          the bound B on plain decoding is B / (bytes read per token)
     pass_costs(model, cache, widths)     seconds of one pass of k new tokens per row, for each k
+    fastest_kind(kinds, d, f, dtype)     the kernel kind whose one-row [f, d] product is fastest here
+                                         (what --draft-kernels auto picks; once per process and shape)
 
 A verify pass scores gamma + 1 rows; decoding is bound by reading the weights, so on a machine with
 arithmetic to spare pass(gamma + 1) ~ pass(1), and speculation pays tau x pass(1) / (gamma x
@@ -13,12 +15,14 @@ draft + pass(gamma + 1)).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+from minispec.kernels.fbgemm import DynamicInt8Linear, Fp16Linear
 from minispec.kernels.packed import PackedLinear, packs
 
 
@@ -83,3 +87,20 @@ def pass_costs(model, cache, widths: Sequence[int], rollback: Callable[[], None]
 
     with torch.inference_mode():
         return time_interleaved({k: one_pass(k) for k in widths}, reps)
+
+
+LINEARS = {"fast": PackedLinear, "fp16": Fp16Linear, "int8-dynamic": DynamicInt8Linear}  # kind -> its linear layer
+
+
+@functools.cache
+def fastest_kind(kinds: tuple[str, ...], hidden_size: int, intermediate_size: int, dtype: torch.dtype,
+                 reps: int = 7) -> str:
+    """The kind among `kinds` (keys of LINEARS) whose one-row product with a [intermediate_size,
+    hidden_size] weight in `dtype` is fastest (median of `reps`). A decode step is a few hundred such
+    products, so this is the kind whose step is fastest; the probe costs well under a second."""
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(intermediate_size, hidden_size, generator=generator) / hidden_size ** 0.5).to(dtype)
+    x = torch.randn(1, hidden_size, generator=generator)  # [1, d]
+    with torch.inference_mode():
+        seconds = {kind: timed(lambda layer=LINEARS[kind](weight, None): layer(x), reps) for kind in kinds}
+    return min(kinds, key=seconds.__getitem__)
