@@ -9,6 +9,7 @@ Each `scripts/bench_*.py` answers one question and imports this module (it sits 
     models       load_minispec(ckpt, dtype, kernels)          a minispec model for one kernels kind
                  load_transformers(ckpt, dtype), hf_generate  transformers' generate, plain or prompt lookup
     outputs      write_outputs(out, name, result, markdown)   out/<name>/<name>.json and .md (git-ignored)
+    llama.cpp    llama_ggufs, llama_plain_tps, llama_speculative   its own programs on the same GGUF files
     flags        script_parser, number_list, name_list        on top of minispec.cli
 
 Importing this module puts the repository root first on sys.path, so a script run from a fresh
@@ -23,6 +24,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -438,6 +440,67 @@ def hf_generate(hf_model, ids: list[int], max_new_tokens: int, eos: Sequence[int
         out = hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, **options)
     seconds = time.perf_counter() - t0
     return out[0, x.shape[1]:].tolist(), seconds
+
+
+# ----------------------------------------------------------------------------------- llama.cpp
+
+
+def llama_ggufs(names: Sequence[str], folder: Path | None = None) -> dict[str, Path]:
+    """The GGUF file of each known checkpoint in `names`, the very file minispec converts, in
+    `folder` (default out/gguf/): reused if it is there with the right size, else fetched."""
+    from minispec.checkpoints.fetch import fetch_gguf
+    from minispec.checkpoints.known import KNOWN
+
+    folder = ROOT / "out" / "gguf" if folder is None else Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name in names:
+        path = folder / KNOWN[name].gguf_name
+        ok = path.is_file() and path.stat().st_size == KNOWN[name].gguf_bytes
+        files[name] = path if ok else fetch_gguf(folder, known=KNOWN[name])
+    return files
+
+
+def llama_bin(build: Path | None) -> Path | None:
+    """bin/ of a llama.cpp build folder (None if no folder is given); a folder without the two
+    programs is a user mistake, said in one line."""
+    if build is None:
+        return None
+    bin_dir = Path(build) / "bin"
+    missing = [p for p in ("llama-bench", "llama-speculative-simple") if not (bin_dir / p).is_file()]
+    if missing:
+        raise MinispecError(f"--llama-cpp {build}: expected a llama.cpp build folder with bin/{' and bin/'.join(missing)}")
+    return bin_dir
+
+
+def llama_plain_tps(bin_dir: Path, gguf: Path, n: int, repack: bool = True, threads: int = 2) -> float | None:
+    """llama.cpp's plain decoding speed: `llama-bench -p 0 -n n` (3 repetitions, their mean tok/s);
+    None if it fails. `repack`: its CPU-specific repacked weights (--repack 1) or the file's blocks."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-p", "0", "-n", str(n), "-t", str(threads), "-r", "3",
+           "-o", "json", "--repack", str(int(repack))]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    try:
+        return float(json.loads(done.stdout)[0]["avg_ts"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def llama_speculative(bin_dir: Path, target: Path, draft: Path, text: str, n: int, draft_max: int = 5,
+                      threads: int = 2) -> dict:
+    """llama.cpp's speculative example on one prompt, T = 0: {decode_tps, generated, acceptance} from
+    its own log ("decoded N tokens in S seconds"; n_accept / n_drafted), or {error: its last line}.
+    Run without repacked weights: its repacked kernels are not what its draft loop runs on every CPU."""
+    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft), "-p", text, "-n", str(n),
+           "--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max), "-t", str(threads), "-td", str(threads),
+           "--temp", "0", "-c", "4096", "--no-repack"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    log = done.stdout + done.stderr
+    speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
+    drafted, accepted = re.search(r"n_drafted = (\d+)", log), re.search(r"n_accept\s+= (\d+)", log)
+    if done.returncode != 0 or speed is None:
+        return {"error": (log.strip().splitlines() or ["no output"])[-1]}
+    return {"decode_tps": float(speed.group(3)), "generated": int(speed.group(1)),
+            "acceptance": int(accepted.group(1)) / max(int(drafted.group(1)), 1) if drafted and accepted else None}
 
 
 # ------------------------------------------------------------------------------------- outputs

@@ -98,3 +98,66 @@ def test_bad_policy_options_are_one_line_errors_naming_the_parameter(build, name
         build()
     assert name in str(err.value) and "\n" not in str(err.value)
 
+
+
+class HeadRowsPolicy(ExactMatch):
+    """A user policy using both optional hooks of the interface: it asks for rows of its own in the
+    verify's head call (each verify row doubled) and refuses verifies wider than `max_rows`."""
+
+    name = "test-head-rows"
+    seen: list = []  # (extra_logits, head(2 * hidden)) per decision, from any copy (a batch copies per row)
+
+    def __init__(self, max_rows: int = 64):
+        self.max_rows = max_rows
+        HeadRowsPolicy.seen = []
+
+    def check_sizes(self, rows, vocab_size, hidden_size, device):
+        if rows > self.max_rows:
+            raise MinispecError(f"test-head-rows max_rows={self.max_rows}: a verify of {rows} rows")
+
+    def extra_head_rows(self, hidden):
+        return 2 * hidden  # [gamma+1, d]
+
+    def decide(self, inp):
+        self.seen.append((inp.extra_logits, inp.head(2 * inp.hidden)))
+        return super().decide(inp)
+
+
+@pytest.mark.parametrize("loop", ["chain", "batch"])
+def test_a_user_policy_gets_its_extra_head_rows_scored_in_the_verify(loop):
+    from minispec.batch.speculative import generate_batch
+    from minispec.chain.speculative import generate_chain
+    from minispec.testing import random_model, tiny_config
+
+    target, draft = random_model(tiny_config(), 0, scale=3.0), random_model(tiny_config(), 1)
+    policy = HeadRowsPolicy()
+    if loop == "chain":
+        tokens = generate_chain(target, [1, 2, 3], max_new_tokens=12, draft=draft, policy=policy, gamma=3).tokens
+        plain = generate_chain(target, [1, 2, 3], max_new_tokens=12).tokens
+    else:
+        tokens = generate_batch(target, [[1, 2, 3]], max_new_tokens=12, draft=draft, policy=policy, gamma=3)[0].tokens
+        plain = generate_batch(target, [[1, 2, 3]], max_new_tokens=12)[0].tokens
+    assert tokens == plain  # the extra rows do not disturb the verify's own logits
+    assert HeadRowsPolicy.seen
+    for extra, direct in HeadRowsPolicy.seen:
+        torch.testing.assert_close(extra, direct, rtol=1e-5, atol=1e-5)  # one head call vs a second: float32 rounding
+
+
+@pytest.mark.parametrize("loop", ["chain", "tree", "batch"])
+def test_a_user_policy_refuses_a_size_before_the_first_step(loop):
+    from minispec.batch.speculative import generate_batch
+    from minispec.chain.speculative import generate_chain
+    from minispec.testing import random_model, tiny_config
+    from minispec.trees.speculative import generate_tree
+
+    from minispec.trees.walks import register_walk, walk_for
+
+    register_walk(HeadRowsPolicy)(walk_for(ExactMatch()))  # its tree form is exact match's
+    target, draft = random_model(tiny_config(), 0), random_model(tiny_config(), 1)
+    policy = HeadRowsPolicy(max_rows=3)
+    run = {"chain": lambda: generate_chain(target, [1, 2], max_new_tokens=8, draft=draft, policy=policy, gamma=5),
+           "tree": lambda: generate_tree(target, [1, 2], max_new_tokens=8, draft=draft, policy=policy, tree=6),
+           "batch": lambda: generate_batch(target, [[1, 2]], max_new_tokens=8, draft=draft, policy=policy, gamma=5)}
+    with pytest.raises(MinispecError, match=r"^test-head-rows max_rows=3: a verify of \d+ rows$"):
+        run[loop]()
+    assert HeadRowsPolicy.seen == []

@@ -2,6 +2,7 @@
 
     python scripts/speed/bench_formats.py [--ckpt qwen2.5-coder-1.5b-instruct] [--draft qwen2.5-coder-0.5b-instruct]
                                           [--formats fast-float32,fast-bfloat16,fp16,int8-dynamic] [--prompts 3]
+                                          [--llama-cpp DIR]
 
 A decoding step reads every weight once, so the format of the weights sets its floor: bytes /
 bandwidth. Per format (minispec.kernels kind on a dtype; a kind this CPU cannot run is skipped
@@ -18,6 +19,13 @@ with one line):
    and whether the two logits there are a near-tie), and speculative decoding with the n-gram
    draft and with --draft in --draft-format at each --gammas (tok/s, tau, speed-up over the same
    format's plain decoding, output = that plain decoding's).
+
+4. the draft's own step (--draft in --draft-format, k = 1) against its bound, its bytes / B.
+5. with --llama-cpp (a llama.cpp build folder, see docs/benchmarks.md), llama.cpp on the same
+   GGUF files, prompts and 2 threads: plain decoding of target and draft (`llama-bench -p 0 -n
+   --new-tokens`, with and without its repacked weights) and its speculative example with the
+   draft at --spec-draft-n-max 5 per prompt (benchlib.llama_*); and the ratio of minispec's
+   fastest configuration to llama.cpp's fastest.
 
 With --quality only step 3's plain decoding runs (no pass costs, no drafts): how often each
 format's greedy output is float32's, and at the first difference whether float32's two logits
@@ -93,11 +101,52 @@ def near_tie(reference, prompt: list[int], tokens: list[int], at: int, margin: f
     return bool(top2[0] - top2[1] < margin)
 
 
+def pass_seconds(model, context: list[int], ks, reps: int) -> dict[int, float]:
+    """Seconds of one pass of k new rows, for each k in `ks`, on a cache holding `context` (rolled back after each)."""
+    cache = model.new_cache(1, len(context) + max(ks) + 1)
+    with torch.inference_mode():
+        model.forward_hidden(torch.tensor([context]), cache)
+    start = cache.length
+    return probe.pass_costs(model, cache, ks, rollback=lambda: cache.truncate(start), reps=reps)
+
+
+def step_cost(model, context: list[int], name: str, bandwidth: dict, reps: int) -> dict:
+    """One decoding step of `model` (ms, on a cache holding `context`) against its bound, bytes / B."""
+    nbytes = linear_weights(model) * BYTES_PER_WEIGHT[name]
+    return {"format": name, "ms": 1000 * pass_seconds(model, context, [1], reps)[1], "bytes": nbytes,
+            "bound_ms": 1000 * nbytes / (bandwidth["bandwidth_gbps"] * 1e9)}
+
+
+def run_llama(bin_dir: Path, ckpt: Path, draft: str | None, prompts, tokenizer, n: int) -> dict:
+    """llama.cpp on the GGUF files of the target and draft (known names only): plain tok/s with and
+    without its repacked weights, and its speculative example per prompt."""
+    from minispec.checkpoints.known import KNOWN
+
+    names = [name for name in (ckpt.name, draft and Path(draft).name) if name in KNOWN]
+    if ckpt.name not in names:
+        print(f"{PROG}: --llama-cpp: {ckpt.name} is not a known checkpoint with a GGUF file; llama.cpp skipped",
+              file=sys.stderr)
+        return None
+    ggufs = benchlib.llama_ggufs(names)
+    plain = {f"{name}{'' if repack else ', no repack'}": benchlib.llama_plain_tps(bin_dir, ggufs[name], n, repack)
+             for name in names for repack in (True, False)}
+    runs = []
+    if len(names) == 2:
+        for prompt in prompts:
+            r = benchlib.llama_speculative(bin_dir, ggufs[names[0]], ggufs[names[1]], tokenizer.decode(prompt.ids), n)
+            runs.append({"prompt": prompt.source_id, **r})
+            print(f"{PROG}: llama.cpp speculative {prompt.source_id:<14} {fmt(r.get('decode_tps'), '.1f')} tok/s",
+                  file=sys.stderr, flush=True)
+    return {"target": names[0], "draft": names[1] if len(names) == 2 else None, "plain_tps": plain,
+            "speculative": runs}
+
+
 def measure(args, ckpt) -> dict:
     import minispec
     from minispec.chain.drafters import ModelDrafter, make_drafter
     from minispec.decode import generate
 
+    llama_bin = None if args.quality else benchlib.llama_bin(args.llama_cpp)  # a wrong folder is said before any work
     tokenizer = minispec.load_tokenizer(ckpt)
     prompts = benchlib.load_prompts(["humaneval"], args.prompts, tokenizer)
     eos = tokenizer.eos_token_ids
@@ -110,6 +159,7 @@ def measure(args, ckpt) -> dict:
     if args.draft is not None and not args.quality:
         draft_model = load(benchlib.checkpoint(args.draft), args.draft_format)
         draft = None if draft_model is None else ModelDrafter(draft_model, name=f"draft {args.draft_format}")
+    draft_step = None if draft is None else step_cost(draft_model, prompts[0].ids, args.draft_format, bandwidth, args.reps)
     formats, runs = [], []
     for name in args.formats:
         model = load(ckpt, name)
@@ -127,14 +177,7 @@ def measure(args, ckpt) -> dict:
             del model
             continue
         nbytes = weights * BYTES_PER_WEIGHT[name]
-        context = prompts[0].ids
-        cache = model.new_cache(1, len(context) + args.rows + 1)
-        with torch.inference_mode():
-            model.forward_hidden(torch.tensor([context]), cache)
-        start = cache.length
-        seconds = probe.pass_costs(model, cache, range(1, args.rows + 1), rollback=lambda: cache.truncate(start),
-                                   reps=args.reps)
-        del cache
+        seconds = pass_seconds(model, prompts[0].ids, range(1, args.rows + 1), args.reps)
         formats.append({"format": name, "weights": weights, "bytes": nbytes,
                         "bound_tps": bandwidth["bandwidth_gbps"] * 1e9 / nbytes,
                         "pass_ms": {k: 1000 * s for k, s in seconds.items()},
@@ -163,7 +206,9 @@ def measure(args, ckpt) -> dict:
                 print(f"{PROG}: {name:<14} {config:<22} {prompt.source_id:<14} {runs[-1]['tps']:.1f} tok/s",
                       file=sys.stderr, flush=True)
         del model
+    llama = None if llama_bin is None else run_llama(llama_bin, ckpt, args.draft, prompts, tokenizer, args.new_tokens)
     return {"bandwidth": bandwidth, "matmul_gflops": gflops, "cpu": benchlib.cpu_flags_summary(),
+            "draft_step": draft_step, "llama_cpp": llama,
             "settings": {"prompts": args.prompts, "new_tokens": args.new_tokens, "gammas": list(args.gammas),
                          "draft": str(args.draft), "draft_format": args.draft_format, "quality": args.quality},
             "formats": formats, "runs": runs}
@@ -217,6 +262,16 @@ def render(result: dict) -> str:
                            + [f"{f['pass_ms'][k] if k in f['pass_ms'] else f['pass_ms'][str(k)]:.0f}" for k in ks]
                            + [f"{_ms(f, k) / _ms(f, 1):.2f}" for k in ks if k > 1]
                            + [f"{_floor(f, 1):.1f}"] for f in result["formats"]]) + "\n")
+    lines.append("A verify pass of k rows against what it could cost at best, the larger of one step and its compute "
+                 "floor (k x 2 x weights / the float32 matmul rate):\n")
+    lines.append(md_table(["format"] + [f"k={k}" for k in ks if k > 1],
+                          [[f["format"]] + [f"{_ms(f, k) / max(_ms(f, 1), _floor(f, k)):.2f}" for k in ks if k > 1]
+                           for f in result["formats"]]) + "\n")
+    d = result.get("draft_step")
+    if d:
+        lines.append(f"The draft's step ({result['settings']['draft']}, {d['format']}): {d['ms']:.1f} ms against its "
+                     f"bound {d['bound_ms']:.1f} ms ({d['bytes'] / 1e9:.2f} GB / B): {d['ms'] / d['bound_ms']:.2f}x "
+                     "the bound.\n")
     lines.append("## End to end (HumanEval prompts, T = 0)\n")
     lines.append(md_table(["format", "config", "tok/s", "decode tok/s", "x own plain", "of bound", "tau",
                            "= own plain", "= float32 greedy", "near-ties"],
@@ -224,7 +279,30 @@ def render(result: dict) -> str:
                             fmt(r["x_plain"], ".2f") + "x", fmt(r["of_bound"], ".0%"), fmt(r["tau"], ".2f"),
                             f"{r['equals_plain']}/{r['prompts']}", f"{r['float32_equal']}/{r['prompts']}",
                             str(r["near_ties"])] for r in summarize(result)]) + "\n")
+    if result.get("llama_cpp"):
+        lines.append(render_llama(result["llama_cpp"], summarize(result)))
     return "\n".join(lines)
+
+
+def render_llama(llama: dict, rows: list[dict]) -> str:
+    """llama.cpp's rows and the ratio of minispec's fastest configuration (decode tok/s) to its fastest."""
+    plain = llama["plain_tps"]
+    spec = [r for r in llama["speculative"] if "error" not in r]
+    errors = [r for r in llama["speculative"] if "error" in r]
+    table = [[f"plain {name}", fmt(tps, ".1f")] for name, tps in plain.items()]
+    if llama["speculative"]:
+        table.append([f"speculative, {llama['draft']} draft, draft-n-max 5 (median of {len(spec)} prompts)",
+                      fmt(median(r["decode_tps"] for r in spec), ".1f")])
+    best_llama = max([t for t in plain.values() if t] + [median(r["decode_tps"] for r in spec) or 0], default=None)
+    best = max((r for r in rows if r["decode_tps"]), key=lambda r: r["decode_tps"], default=None)
+    text = "## llama.cpp in the same run (its own GGUF files, 2 threads, decode tok/s)\n\n"
+    text += md_table(["llama.cpp", "tok/s"], table) + "\n"
+    if errors:
+        text += f"\nIts speculative example failed on {len(errors)} prompt(s): {errors[0]['error']}\n"
+    if best and best_llama:
+        text += (f"\nminispec's fastest: {best['format']} {best['config']}, {best['decode_tps']:.1f} decode tok/s = "
+                 f"{best['decode_tps'] / best_llama:.2f}x llama.cpp's fastest ({best_llama:.1f} tok/s).\n")
+    return text
 
 
 def _ms(f: dict, k: int) -> float:
@@ -248,6 +326,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--gammas", type=benchlib.number_list(int, "--gammas", 1), default="3,5")
     p.add_argument("--rows", type=ranged(int, "--rows", lo=1, hi=64), default=8, help="pass costs for k = 1..ROWS")
     p.add_argument("--reps", type=ranged(int, "--reps", lo=1), default=5, help="timed repetitions of each pass")
+    p.add_argument("--llama-cpp", type=Path, default=None,
+                   help="a llama.cpp build folder (bin/llama-bench, bin/llama-speculative-simple): measured in the same run")
     p.add_argument("--quality", action="store_true",
                    help="plain greedy decoding only: each format's agreement with float32 (no timing, no drafts)")
     return p

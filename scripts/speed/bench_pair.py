@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import sys
 import json
-import re
 import resource
-import subprocess
 import time
 from pathlib import Path
 
@@ -171,33 +169,8 @@ def run_transformers(hf: dict, name: str, ids: list[int], n: int, eos: list[int]
     return {"tokens": tokens, "decode_tps": (len(tokens) - 1) / max(total - prefill, 1e-9), "e2e_tps": len(tokens) / total}
 
 
-def run_llama_speculative(bin_dir: Path, ggufs: dict[str, Path], text: str, n: int) -> dict:
-    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(ggufs[TARGET]), "-md", str(ggufs[DRAFT]),
-           "-p", text, "-n", str(n), "--spec-type", "draft-simple", "--spec-draft-n-max", "5", "-t", "2", "-td", "2",
-           "--temp", "0", "-c", "4096", "--no-repack"]  # its AMX repacked kernels crash on the 0.5B's types here
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    log = done.stdout + done.stderr
-    speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s", log)
-    drafted, accepted = re.search(r"n_drafted = (\d+)", log), re.search(r"n_accept\s+= (\d+)", log)
-    if done.returncode != 0 or speed is None:
-        return {"error": (log.strip().splitlines() or ["no output"])[-1]}
-    return {"decode_tps": float(speed.group(3)), "generated": int(speed.group(1)),
-            "acceptance": int(accepted.group(1)) / max(int(drafted.group(1)), 1) if drafted and accepted else None}
-
-
-def run_llama_bench(bin_dir: Path, gguf: Path, n: int, repack: bool) -> float | None:
-    cmd = [str(bin_dir / "llama-bench"), "-m", str(gguf), "-p", "0", "-n", str(n), "-t", "2", "-r", "3", "-o", "json",
-           "--repack", str(int(repack))]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    try:
-        return float(json.loads(done.stdout)[0]["avg_ts"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        return None
-
-
 def measure(args, _ckpt) -> dict:
-    from minispec.checkpoints.known import KNOWN
-    from minispec.checkpoints.fetch import ensure_checkpoint, fetch_gguf
+    from minispec.checkpoints.fetch import ensure_checkpoint
 
     folders = {name: ensure_checkpoint(name) for name in (TARGET, DRAFT)}
     out = benchlib.out_dir(PROG, args.out)
@@ -210,7 +183,7 @@ def measure(args, _ckpt) -> dict:
     eos = tokenizer.eos_token_ids
     prompts = benchlib.load_prompts(["humaneval"], args.humaneval, tokenizer) + \
         benchlib.load_prompts(["mt_bench"], args.spec_bench, tokenizer)
-    bin_dir = None if args.llama_cpp is None else Path(args.llama_cpp) / "bin"
+    bin_dir = benchlib.llama_bin(args.llama_cpp)
     configs = list(MINISPEC) + ([] if args.no_transformers else list(TRANSFORMERS)) + (list(LLAMA) if bin_dir else [])
     todo = [(p, c) for p in prompts for c in configs
             if (f"{p.set}/{p.source_id}", c) not in done or "error" in done[(f"{p.set}/{p.source_id}", c)]]
@@ -220,14 +193,7 @@ def measure(args, _ckpt) -> dict:
     if any(c in TRANSFORMERS for _, c in todo):
         hf = {"target": benchlib.load_transformers(folders[TARGET], base_dtype()),
               "draft": benchlib.load_transformers(folders[DRAFT], base_dtype())}
-    ggufs = {}
-    if bin_dir is not None:
-        gguf_dir = out / "gguf"
-        gguf_dir.mkdir(exist_ok=True)
-        for name in (TARGET, DRAFT):
-            path = gguf_dir / KNOWN[name].gguf_name
-            ggufs[name] = path if path.is_file() and path.stat().st_size == KNOWN[name].gguf_bytes else \
-                fetch_gguf(gguf_dir, known=KNOWN[name])
+    ggufs = {} if bin_dir is None else benchlib.llama_ggufs((TARGET, DRAFT))
     with records_file.open("a") as log:
         for prompt, config in todo:
             key = f"{prompt.set}/{prompt.source_id}"
@@ -236,7 +202,8 @@ def measure(args, _ckpt) -> dict:
             elif config in TRANSFORMERS:
                 r = run_transformers(hf, config, prompt.ids, args.new_tokens, eos)
             else:
-                r = run_llama_speculative(bin_dir, ggufs, tokenizer.decode(prompt.ids), args.new_tokens)
+                r = benchlib.llama_speculative(bin_dir, ggufs[TARGET], ggufs[DRAFT], tokenizer.decode(prompt.ids),
+                                               args.new_tokens)
             r.update(prompt=key, config=config, prompt_tokens=len(prompt.ids))
             done[(key, config)] = r
             log.write(json.dumps(benchlib.finite(r)) + "\n")
@@ -247,8 +214,8 @@ def measure(args, _ckpt) -> dict:
     if bin_dir is not None:
         for name in (TARGET, DRAFT):
             for repack in (True, False):
-                llama_plain[f"{name}{'' if repack else ', no repack'}"] = run_llama_bench(bin_dir, ggufs[name],
-                                                                                       args.new_tokens, repack)
+                llama_plain[f"{name}{'' if repack else ', no repack'}"] = benchlib.llama_plain_tps(bin_dir, ggufs[name],
+                                                                                              args.new_tokens, repack)
     return {"bandwidth_gbps": bandwidth, "step_bytes": step_bytes(folders), "dtype": str(base_dtype()), "llama_cpp_plain_tps": llama_plain,
             "near_ties": ties,
             "prompts": [f"{p.set}/{p.source_id}" for p in prompts], "configs": configs,
