@@ -302,16 +302,22 @@ def _version(module: str) -> str | None:
 
 
 KIND_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8")  # what decides which kernels run
+# Each library's own switch that caps the instructions it uses: set all three to AVX2 and torch runs
+# on an AVX-512 CPU as it would on an AVX2-only one (same cores, same memory: a stand-in, said so).
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
 
 
 def cpu_flags_summary() -> str:
-    """The instruction sets that decide the kernels, as the CPU reports them: 'avx2, avx512f, ...'."""
+    """The instruction sets that decide the kernels, as the CPU reports them: 'avx2, avx512f, ...';
+    with any library's cap (ISA_CAPS) set, the caps too: '...; capped: ONEDNN_MAX_CPU_ISA=AVX2'."""
     try:
         flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("flags")), [])
     except OSError:
         flags = []
-    return ", ".join(flag for flag in KIND_FLAGS if flag in flags) or platform.machine()
+    caps = [f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name)]
+    kinds = ", ".join(flag for flag in KIND_FLAGS if flag in flags) or platform.machine()
+    return kinds + (f"; capped: {', '.join(caps)}" if caps else "")
 
 
 def _cpu_model() -> str:

@@ -479,3 +479,21 @@ def test_a_registered_user_policy_takes_its_options_from_the_command_line(real_c
     code, _, err = run_cli(capsys, *common, "--policy", "test-cli-threshold:thresold=0")
     assert code == 2 and err == ("minispec.generate: error: --policy test-cli-threshold: unknown option "
                                  "'thresold'; its options are ['count', 'threshold']\n")
+
+
+def test_dtype_auto_loads_what_this_cpu_runs_fast_and_says_so(real_ckpt, capsys):
+    """--dtype auto: kernels.auto_dtype() (bfloat16 where a 16-bit path runs here, else float32), and
+    --kernels auto's choice on it; --json's stats name both, so the path that ran is never a guess."""
+    import torch
+
+    from minispec import kernels
+
+    code, out, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--max-new-tokens", "4", "--dtype", "auto", "--json")
+    assert code == 0
+    stats = json.loads(out)["stats"]
+    want = kernels.auto_dtype()
+    assert stats["dtype"] == str(want)
+    assert want == (torch.bfloat16 if kernels.packed.packs(torch.bfloat16) or kernels.fbgemm.available()
+                    else torch.float32)
+    assert stats["kernels"] == ("fast" if kernels.packed.packs(want) else "fp16" if want == torch.bfloat16
+                                else "reference")

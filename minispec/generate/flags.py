@@ -21,7 +21,7 @@ from minispec.errors import MinispecError
 # that `python -m minispec.generate` is inside run_main within milliseconds: a Ctrl-C while torch
 # loads is then one line, not an import traceback.
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float64": "float64", "fp64": "float64"}  # --dtype -> the torch dtype's name
+          "float64": "float64", "fp64": "float64", "auto": "auto"}  # --dtype -> the torch dtype's name
 PROG = "minispec.generate"
 DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
 DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
@@ -162,7 +162,8 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=ranged(int, "--seed", lo=0, hi=2**64, hi_open=True), default=0,
                    help="seeds every random choice (an unsigned 64-bit integer, as torch takes it)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
-                   help="the weights' and activations' dtype (bf16 = bfloat16, fp32 = float32, fp64 = float64)")
+                   help="the weights' and activations' dtype (bf16 = bfloat16, fp32 = float32, fp64 = float64; "
+                        "auto: bfloat16 where this CPU has a fast 16-bit path, else float32; --stats says which)")
     p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
     p.add_argument("--kernels", choices=["auto", "fast", "compiled", "fp16", "int8-dynamic", "reference"], default="auto",
                    help="auto: fast for each model where it applies (float32, or bfloat16 on a CPU whose oneDNN "

@@ -132,6 +132,7 @@ def load(args: GenerateArgs):
     """The target model, its tokenizer, the drafter (None: plain decoding) and the checkpoint folder."""
     import torch
 
+    from minispec import kernels
     from minispec.checkpoints.load import load_model
     from minispec.checkpoints.hub import resolve_checkpoint
     from minispec.checkpoints.tokenizer import load_tokenizer
@@ -146,7 +147,8 @@ def load(args: GenerateArgs):
     else:
         ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
 
-    model = load_model(ckpt, dtype=getattr(torch, DTYPES[args.dtype]), device=device)
+    dtype = kernels.auto_dtype(device) if DTYPES[args.dtype] == "auto" else getattr(torch, DTYPES[args.dtype])
+    model = load_model(ckpt, dtype=dtype, device=device)
     tokenizer = load_tokenizer(ckpt)
     check_tokenizer_fits(tokenizer, model, ckpt)
     drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights

@@ -45,6 +45,17 @@ def kind_of(model: Transformer) -> str:
     return model.kind if isinstance(model, packed.FastTransformer) else "reference"
 
 
+def auto_dtype(device: torch.device | str = "cpu") -> torch.dtype:
+    """--dtype auto: bfloat16 where this CPU runs a 16-bit path through maintained kernels (oneDNN's
+    packed bfloat16, or fbgemm's float16 weights that auto_kind gives a bfloat16 model on AVX2),
+    else float32; float32 off the CPU (minispec's kernels are CPU kernels). bfloat16 halves the
+    bytes a step reads, at the price of its rounding: greedy output may part from float32's at a
+    near-tie (docs/benchmarks.md measures how often)."""
+    if torch.device(device).type != "cpu":
+        return torch.float32
+    return torch.bfloat16 if packed.packs(torch.bfloat16) or fbgemm.available() else torch.float32
+
+
 def auto_kind(model: Transformer) -> str:
     """--kernels auto for a target: the fastest kind that keeps its weights. "fast" where oneDNN packs
     the model's dtype here (packed.packs: float32 anywhere, bfloat16 with AVX-512); a bfloat16 model
