@@ -58,3 +58,18 @@ def test_a_cpu_without_fbgemm_is_one_line(monkeypatch):
     monkeypatch.setattr(fbgemm, "available", lambda: False)
     with pytest.raises(MinispecError, match=r"^kind='fp16': this torch build or CPU has no fbgemm"):
         kernels.apply(random_model(tiny_config(), 0, dtype=torch.float32), "fp16")
+
+
+def test_fp16_rounds_each_row_alone_and_int8_dynamic_by_the_whole_call():
+    """What the module docstring says about rows: a verify pass of k rows gives each row of fp16
+    what a one-row step would (to float32 summation order, 1e-5 of the output scale), while
+    int8-dynamic's one activation scale per call lets a large row change the others."""
+    torch.manual_seed(0)
+    weight = torch.randn(64, 32)
+    x = torch.randn(4, 32)
+    x[3] *= 20  # one row of larger range: int8-dynamic's per-call scale grows with it
+    fp16, int8 = fbgemm.Fp16Linear(weight, None), fbgemm.DynamicInt8Linear(weight, None)
+    alone = torch.cat([fp16(x[i:i + 1]) for i in range(4)])
+    torch.testing.assert_close(fp16(x), alone, rtol=0, atol=1e-5 * alone.abs().max().item())
+    first_alone, first_beside = int8(x[:1]), int8(x)[:1]
+    assert (first_alone - first_beside).abs().max() > 0.05 * first_alone.abs().max()

@@ -16,6 +16,13 @@ Both keep packed.py's rewrite (fused projections, float32 activations between th
 embedding and K/V cache as they were); only the linear layers differ. Neither is the model's
 function: greedy output can part from float32's, and docs/benchmarks.md measures how often.
 
+Rows. fp16 treats every row of x alone: a verify pass of k rows gives each row what a one-row
+step would (up to float32 summation order). int8-dynamic does not: s_x is one scale over the
+whole call, so a row's output depends on the other rows beside it (a large row coarsens the
+rest). A verify pass or a batch therefore rounds a row differently from a step, and a speculative
+or batched int8-dynamic target need not reproduce its own plain greedy output. As a draft this
+costs nothing but acceptance (the target decides); as a target, choose it knowingly.
+
 torch 2.13 deprecates its quantized-tensor constructors (torch.quantize_per_channel), which
 int8-dynamic needs to hand fbgemm a per-channel qint8 weight. They are used here and nowhere
 else; tests/test_kernels_fbgemm.py fails the day they or the ops below are gone (available()
