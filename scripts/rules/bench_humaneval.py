@@ -161,6 +161,12 @@ def batches_of(chosen: list[dict], size: int) -> list[list[dict]]:
     return [chosen[i:i + size] for i in range(0, len(chosen), size)]
 
 
+def chat_prompt(tokenizer, problem: dict) -> list[int]:
+    """The problem's chat prompt: the instruction, then its signature and docstring in a ```python block."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": benchlib.HUMANEVAL_INSTRUCTION
+                                           + "```python\n" + problem["prompt"] + "```"}])
+
+
 def weight_format(config: dict, dtype: str) -> str:
     """The configuration's weight format: its ':FORMAT', else --dtype through the fast kernels."""
     return config["format"] or f"fast-{dtype}"
@@ -193,8 +199,7 @@ def divergences(ckpt: Path, configs: list[dict], args, chosen: list[dict], done:
         tokenizer = minispec.load_tokenizer(ckpt)
         with file.open("a") as log, torch.inference_mode():
             for name, problem, theirs, at in todo:
-                ids = tokenizer.apply_chat_template([{"role": "user", "content": benchlib.HUMANEVAL_INSTRUCTION
-                                                      + "```python\n" + problem["prompt"] + "```"}]) + theirs[:at]
+                ids = chat_prompt(tokenizer, problem) + theirs[:at]
                 top2 = reference(torch.tensor([ids]), reference.new_cache(1, len(ids)))[0, -1].topk(2).values
                 r = {"config": name, "task_id": problem["task_id"], "position": at, "gap": float(top2[0] - top2[1])}
                 cached[(name, problem["task_id"])] = r
@@ -244,8 +249,7 @@ def measure(args, ckpt) -> dict:
         with records_file.open("a") as log, batches_file.open("a") as batch_log:
             for config, seed, batch in todo:
                 models = models_for(config)
-                prompts = [tokenizer.apply_chat_template([{"role": "user", "content": benchlib.HUMANEVAL_INSTRUCTION
-                                                           + "```python\n" + p["prompt"] + "```"}]) for p in batch]
+                prompts = [chat_prompt(tokenizer, p) for p in batch]
                 result = decode_batch(models, config, prompts, args, seed, tokenizer.eos_token_ids)
                 s = result.stats
                 timing = {"config": config["name"], "temperature": args.temperature, "seed": seed,

@@ -53,11 +53,6 @@ PROG = "bench_formats"
 FORMATS, BYTES_PER_WEIGHT = benchlib.FORMATS, benchlib.BYTES_PER_WEIGHT
 
 
-def load(folder: Path, name: str):
-    """The model at `folder` in format `name`, or None (and one line) where this CPU cannot run it."""
-    return benchlib.load_format(PROG, folder, name)
-
-
 def linear_weights(model) -> int:
     """Weights of the blocks' and head's linear layers (what a forward reads, the embedding aside)."""
     c = model.config
@@ -137,12 +132,12 @@ def measure(args, ckpt) -> dict:
             for p in prompts}
     draft = None
     if args.draft is not None and not args.quality:
-        draft_model = load(benchlib.checkpoint(args.draft), args.draft_format)
+        draft_model = benchlib.load_format(PROG, benchlib.checkpoint(args.draft), args.draft_format)
         draft = None if draft_model is None else ModelDrafter(draft_model, name=f"draft {args.draft_format}")
     draft_step = None if draft is None else step_cost(draft_model, prompts[0].ids, args.draft_format, bandwidth, args.reps)
     formats, runs = [], []
     for name in args.formats:
-        model = load(ckpt, name)
+        model = benchlib.load_format(PROG, ckpt, name)
         if model is None:
             continue
         weights = linear_weights(model)
