@@ -30,7 +30,7 @@ def reference_matches(context, max_ngram, min_ngram):
 @settings(max_examples=200)
 @given(context=st.lists(st.integers(0, 3), max_size=24), max_ngram=st.integers(1, 5), min_ngram=st.integers(1, 5))
 def test_the_suffix_search_is_prompt_lookup_by_its_definition(context, max_ngram, min_ngram):
-    """suffix_matches + ngram_order (the one search the chain, the tree and the offline ceilings use)
+    """suffix_matches + ngram_order (the one search the chain and the tree use)
     give the definition's matches in its order, and the chain's lookup takes the first of them."""
     max_ngram = max(max_ngram, min_ngram)
     want = reference_matches(context, max_ngram, min_ngram)

@@ -1,4 +1,4 @@
-"""scripts/speed/bench_verify_cost.py, bench_dropmatch_cost.py and bench_memory.py on a tiny model, and
+"""scripts/dropmatch/bench_dropmatch_cost.py and scripts/speed/bench_memory.py on a tiny model, and
 the pieces of scripts/benchlib.py they share."""
 
 import argparse
@@ -12,39 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import bench_dropmatch_cost  # noqa: E402
 import bench_memory  # noqa: E402
-import bench_verify_cost  # noqa: E402
 import benchlib  # noqa: E402
 
 from minispec.testing import random_model, tiny_config  # noqa: E402
-
-# ------------------------------------------------------------------------------- verify cost
-
-
-def test_speculation_ceiling_is_the_step_cost_over_a_decode_step():
-    costs = {1: 10.0, 4: 12.0, 6: 15.0}
-    free = bench_verify_cost.speculation_ceiling(costs, draft_ms=0.0, gamma=3, target=1.8)
-    assert free["step_ms"] == 12.0
-    assert free["tau_needed"] == pytest.approx(1.8 * 12.0 / 10.0)  # tau * 10 / 12 = 1.8
-    assert free["best_speedup"] == pytest.approx(4 * 10.0 / 12.0)
-    costly = bench_verify_cost.speculation_ceiling(costs, draft_ms=4.0, gamma=5, target=1.8)  # 5 drafts of 4 ms + 15
-    assert costly["step_ms"] == 35.0
-    assert costly["tau_needed"] == pytest.approx(6.3) and costly["tau_needed"] > 5 + 1  # out of reach
-    assert costly["best_speedup"] == pytest.approx(6 * 10.0 / 35.0)
-    result = {"run": benchlib.finish_record(benchlib.run_record("bench_verify_cost", [])), "settings": {"target": 1.8},
-              "passes": [{"dtype": "float32", "kernels": "fast", "context": 700, "pass_ms": costs}],
-              "ceilings": [{"dtype": "float32", "kernels": "fast", "drafter": "self:int8", **costly}]}
-    text = bench_verify_cost.render(result)
-    assert "| float32 | fast | 700 | 10.0 | 12.0 | 15.0 | 1.20 | 1.50 |" in text
-    assert "| float32 | fast | self:int8 | 5 | 4.00 | 35.0 | **6.30** (> gamma+1) | 1.71x |" in text
-
-
-def test_pass_costs_rolls_every_pass_back():
-    model = random_model(tiny_config(), 0, dtype=torch.float32)
-    # the cache has room for the context and one pass: a pass not rolled back would overflow it
-    costs = bench_verify_cost.pass_costs(model, list(range(1, 20)), rows=(1, 3), reps=2)
-    assert set(costs) == {1, 3} and all(v > 0 for v in costs.values())
-    assert bench_verify_cost.ngram_draft_ms([1, 2, 3, 1, 2], gamma=3, vocab_size=model.config.vocab_size, reps=2) > 0
-
 
 # ------------------------------------------------------------------------------ DropMatch cost
 

@@ -204,8 +204,8 @@ def suffix_matches(context: Sequence[int], cap: int) -> list[tuple[int, int]]:
     The occurrence is context[end] (end <= len - 2: the last token itself does not count), and the
     n tokens ending there equal the context's last n: context[end - i] == context[-1 - i] for i < n,
     with 1 <= n <= cap. What follows it, context[end + 1:], is what that occurrence proposes.
-    Prompt lookup (NgramDrafter), its tree form (NgramTreeDrafter) and the offline ceilings in
-    scripts/ all search the context this way.
+    Prompt lookup (NgramDrafter) and its tree form (NgramTreeDrafter) both search the context this
+    way.
     """
     size = len(context)
     if size < 2:

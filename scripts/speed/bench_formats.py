@@ -20,7 +20,8 @@ with one line):
    draft and with --draft in --draft-format at each --gammas (tok/s, tau, speed-up over the same
    format's plain decoding, output = that plain decoding's).
 
-4. the draft's own step (--draft in --draft-format, k = 1) against its bound, its bytes / B.
+4. the draft's own step (--draft in --draft-format, k = 1) against its bound, its bytes / B, and
+   the tau each drafter must reach for 1.8x over plain decoding (tau_needed).
 5. with --llama-cpp (a llama.cpp build folder, see docs/benchmarks.md), llama.cpp on the same
    GGUF files, prompts and 2 threads: plain decoding of target and draft (`llama-bench -p 0 -n
    --new-tokens`, with and without its repacked weights) and its speculative example with the
@@ -221,6 +222,32 @@ def render_quality(result: dict) -> str:
             + md_table(["format", "= float32 greedy", "first difference (token index)"], rows) + "\n")
 
 
+def tau_needed(pass_ms: dict, draft_ms: float, gamma: int, target: float = 1.8) -> float:
+    """The tau (tokens per verify step) at which speculation runs `target` x as fast as plain decoding.
+
+    A step of gamma drafts costs gamma x draft_ms + pass(gamma + 1) and yields tau tokens, where
+    plain decoding pays pass(1) per token:
+
+        speed-up(tau) = tau x pass(1) / (gamma x draft_ms + pass(gamma + 1))
+
+    so tau = target x step / pass(1). Above gamma + 1 no drafter reaches the target at this gamma.
+    """
+    return target * (gamma * draft_ms + _ms({"pass_ms": pass_ms}, gamma + 1)) / _ms({"pass_ms": pass_ms}, 1)
+
+
+def render_tau_needed(result: dict, ks: list[int], target: float = 1.8) -> str:
+    """Per format, the tau needed for `target` x with the n-gram draft (a lookup: ~0 ms) and the model draft."""
+    d = result.get("draft_step")
+    drafters = [("n-gram", 0.0)] + ([(result["settings"]["draft"], d["ms"])] if d else [])
+    gammas = [g for g in result["settings"]["gammas"] if g + 1 in ks]
+    cells = lambda f: [fmt(t, ".2f") + (" (> gamma+1)" if t > g + 1 else "")
+                       for _, ms in drafters for g in gammas for t in [tau_needed(f["pass_ms"], ms, g, target)]]
+    return (f"The tau a drafter must reach for {target}x over plain decoding (speed-up = tau x step(1) / "
+            "(gamma x draft step + pass(gamma + 1))):\n\n"
+            + md_table(["format"] + [f"{name} g{g}" for name, _ in drafters for g in gammas],
+                       [[f["format"]] + cells(f) for f in result["formats"]]) + "\n")
+
+
 def render(result: dict) -> str:
     if result["settings"].get("quality"):
         return render_quality(result)
@@ -247,6 +274,7 @@ def render(result: dict) -> str:
         lines.append(f"The draft's step ({result['settings']['draft']}, {d['format']}): {d['ms']:.1f} ms against its "
                      f"bound {d['bound_ms']:.1f} ms ({d['bytes'] / 1e9:.2f} GB / B): {d['ms'] / d['bound_ms']:.2f}x "
                      "the bound.\n")
+    lines.append(render_tau_needed(result, ks))
     lines.append("## End to end (HumanEval prompts, T = 0)\n")
     lines.append(md_table(["format", "config", "tok/s", "decode tok/s", "x own plain", "of bound", "tau",
                            "= own plain", "= float32 greedy", "near-ties"],
