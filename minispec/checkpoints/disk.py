@@ -1,5 +1,6 @@
 """Room on disk: a conversion checks it before it writes, so that a full disk is one line up
-front instead of a failure after minutes of work.
+front instead of a failure after minutes of work. And the user's cache folder, where an
+installed minispec keeps what it makes (checkpoints, the kernel probe's answers).
 
 The check is a bound, not a guarantee (another process may fill the disk meanwhile): the
 writers still turn a failed write into one line and remove what they wrote.
@@ -7,7 +8,9 @@ writers still turn a failed write into one line and remove what they wrote.
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 from minispec.errors import CheckpointError
@@ -42,3 +45,12 @@ def write_failure(folder: Path, file: str, error: BaseException) -> CheckpointEr
     reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
     return CheckpointError(f"{folder}: writing {file} failed ({reason}); expected a writable folder with room "
                            "for the checkpoint (nothing was left half-written)")
+
+
+def user_cache_dir() -> Path:
+    """The platform's per-user cache folder for minispec."""
+    if sys.platform == "win32":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "minispec"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "minispec"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minispec"

@@ -62,7 +62,7 @@ except ImportError:  # Windows
 
 from minispec.cli import Parser, nonempty, run_main
 from minispec.checkpoints.convert import OUTPUT_DTYPES, convert_gguf
-from minispec.checkpoints.disk import MiB, require_free, write_failure
+from minispec.checkpoints.disk import MiB, require_free, user_cache_dir, write_failure
 from minispec.errors import CheckpointError, MinispecError
 from minispec.checkpoints.known import DEFAULT, KNOWN, KnownCheckpoint, listing
 
@@ -159,15 +159,6 @@ def checkpoint_dir(name: str = DEFAULT_NAME, package_dir: Path | None = None) ->
 def default_checkpoint_dir(package_dir: Path | None = None) -> Path:
     """checkpoint_dir of the default checkpoint (SmolLM2-135M-Instruct)."""
     return checkpoint_dir(DEFAULT_NAME, package_dir)
-
-
-def user_cache_dir() -> Path:
-    """The platform's per-user cache folder for minispec."""
-    if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "minispec"
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "minispec"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minispec"
 
 
 def is_complete(folder: Path) -> bool:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from minispec.errors import MinispecError
-from minispec.kernels import compiled, fbgemm, int8, measure, packed
+from minispec.kernels import compiled, fbgemm, int8, measure, packed, probe_cache
 from minispec.model.transformer import Transformer
 
 KINDS = ("reference", "fast", "compiled", "int8", "fp16", "int8-dynamic")
@@ -73,17 +73,26 @@ def auto_kind(model: Transformer) -> str:
 def auto_draft_kind(model: Transformer) -> str:
     """--draft-kernels auto for a separate draft model: of the kinds that keep its weights to within
     float16 ("fast", "fp16") and that this CPU runs, the one whose one-row step is fastest here,
-    measured once per process and layer shape (measure.fastest_kind). int8-dynamic is faster still
-    but rounds the activations too, which costs a small draft much of its acceptance (SmolLM2's own
-    copy: 0.2 at the first position): it is there to choose, by measurement, not by default."""
+    measured once per machine and layer shape (measure.fastest_kind) and kept on disk
+    (probe_cache), so that the same seed drafts with the same kind, and gives the same text, run
+    after run. int8-dynamic is faster still but rounds the activations too, which costs a small
+    draft much of its acceptance (SmolLM2's own copy: 0.2 at the first position): it is there to
+    choose, by measurement, not by default."""
     if model.device.type != "cpu":
         return "reference"
     candidates = [kind for kind in ("fast", "fp16")
                   if (kind == "fast" and packed.packs(model.dtype)) or (kind == "fp16" and fbgemm.available())]
     if not candidates:
         return "reference"
-    return measure.fastest_kind(tuple(candidates), model.config.hidden_size, model.config.intermediate_size,
-                              model.dtype)
+    if len(candidates) == 1:
+        return candidates[0]
+    shape = (model.config.hidden_size, model.config.intermediate_size, model.dtype)
+    question = f"draft kind of {'/'.join(candidates)} for d={shape[0]} f={shape[1]} {shape[2]}"
+    kind = probe_cache.load(question, tuple(candidates))
+    if kind is None:
+        kind = measure.fastest_kind(tuple(candidates), *shape)
+        probe_cache.store(question, kind)
+    return kind
 
 
 def apply(model: Transformer, kind: str, *, checkpoint: str | Path | None = None) -> Transformer:
@@ -94,8 +103,9 @@ def apply(model: Transformer, kind: str, *, checkpoint: str | Path | None = None
     point 5). Applying the kind a model already has does nothing. Raises MinispecError (one
     line, naming --kernels) for an unknown kind, a model already rewritten to another kind, a
     dtype other than float32 / bfloat16, a model not on the CPU, a torch build without oneDNN
-    or a CPU whose oneDNN does not pack the model's dtype (fast), no C++ compiler (compiled), layer widths the int8 kernel cannot take, or a checkpoint
-    that does not hold the model's embedding table. Every check runs before anything is changed.
+    or a CPU whose oneDNN does not pack the model's dtype (fast), no C++ compiler (compiled),
+    layer widths the int8 kernel cannot take, or a checkpoint that does not hold the model's
+    embedding table. Every check runs before anything is changed.
     """
     if kind not in KINDS:
         raise MinispecError(f"kind={kind!r}: unknown kind; expected one of {', '.join(KINDS)}")
