@@ -614,6 +614,16 @@ CATALOGUE = [
            "                if bool(torch.isinf(tensor).any()):",
            "a checkpoint's NaN weights loaded (only inf refused): greedy 'generates' token 0",
            ("tests/test_bad_inputs.py",)),
+    Mutant("probe-answer-not-kept", "minispec/kernels/__init__.py",
+           "        probe_cache.store(question, kind)\n",
+           "",
+           "--draft-kernels auto measures anew each run: a close race may pick another kind, and the same seed other text",
+           ("tests/test_kernels_probe_cache.py",)),
+    Mutant("probe-answer-trusted", "minispec/kernels/probe_cache.py",
+           "    return answer if answer in answers else None",
+           "    return answer",
+           "a stored kind outside the candidates (another build's, a hand edit) is used without a check",
+           ("tests/test_kernels_probe_cache.py",)),
 ]
 
 
