@@ -1,0 +1,5 @@
+import sys
+
+from minispec.testing.conform.report import main
+
+sys.exit(main())

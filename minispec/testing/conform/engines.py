@@ -1,0 +1,115 @@
+"""Adapters: minispec's policies, transformers' sampler, and any function, behind the same door.
+
+    minispec_engine("sampling")                  a registered policy, options as keyword arguments
+    transformers_engine()                        transformers.generation.utils._speculative_sampling
+    transformers_engine(ensemble_weight=0.5)     the same with `assistant_ensemble_weight` (DIVERSED)
+    Engine("mine", my_step, claims=...)          your own function (contract.Engine)
+
+transformers' function takes the logits after its logits processors, uses torch's global random
+state, and has no greedy mode (its greedy assisted decoding is another path). The adapter applies
+transformers' own warpers (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper) to both
+sides, as its assisted decoding does, and seeds the global state from the step's generator,
+restoring it afterwards.
+
+vLLM's rejection sampler is not covered: vLLM's wheels pin a CUDA build of torch of their own
+(installing one would replace the CPU torch this project pins), and its sampler imports its
+Triton kernels at module load; with a vLLM CPU build installed, an adapter is the same few lines
+as transformers' (probabilities in, accepted tokens out).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minispec import acceptance
+from minispec.acceptance.base import VerifyInput
+from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
+
+# How each registered policy stands against the contract: its claimed distribution and closed-form
+# acceptance, as in its docstring; None where the rule states none.
+POLICY_CLAIMS = {
+    "sampling": dict(claims=lossless, accepts=overlap),
+    "block": dict(claims=lossless, accepts=None, note="lossless over the block: no per-token acceptance form"),
+    "traversal": dict(claims=lossless, accepts=None, note="lossless over the block: no per-token acceptance form"),
+    "exact": dict(claims=None, accepts=None, samples=False, note="greedy whatever the temperature"),
+    "typical": dict(claims=None, accepts=None, note="lossy; states no output distribution"),
+    "lenience": dict(claims=None, accepts=None, note="lossy; states no output distribution"),
+    "fly": dict(claims=None, accepts=None, note="lossy and stateful across steps; states no output distribution"),
+}
+NEEDS_THE_HEAD = {"dropmatch", "dropmatch-lazy"}  # they re-run the LM head: not a function of the step's tensors
+
+
+def minispec_engine(name: str, **options) -> Engine:
+    """A registered minispec policy (a fresh instance per step, as each of a batch's rows has its own)."""
+    if name in NEEDS_THE_HEAD:
+        raise ValueError(f"{name}: re-runs the LM head on its input, which the tensor contract does not carry")
+    policy_class = type(acceptance.get(name, **options))  # unknown names and options fail here, once
+
+    def step(inp: StepInput) -> StepOutput:
+        decision = policy_class(**options)(VerifyInput(
+            draft_tokens=inp.draft_tokens, q_draft=inp.q_draft, target_logits=inp.target_logits.double(),
+            p_target=inp.p_target, params=inp.params, generator=inp.generator,
+            draft_logits=inp.draft_logits.double()))
+        return StepOutput(decision.num_accepted, decision.next_token)
+
+    label = name + "".join(f":{k}={v}" for k, v in options.items())
+    return Engine(f"minispec {label}", step, batch_step=lambda inputs: [step(i) for i in inputs],
+                  options=options, **POLICY_CLAIMS.get(name, dict(claims=None, accepts=None)))
+
+
+def transformers_sampler():
+    """transformers' _speculative_sampling, as installed (an attribute, not an import of a private name)."""
+    from transformers.generation import utils
+
+    return utils._speculative_sampling
+
+
+def warp(logits: torch.Tensor, inp: StepInput) -> torch.Tensor:
+    """transformers' own warpers, in the order its generation config applies them: [rows, V] -> [rows, V]."""
+    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                        TopPLogitsWarper)
+
+    ids = torch.zeros(logits.shape[0], 1, dtype=torch.long)  # the warpers do not read the ids
+    if inp.temperature != 1.0:
+        logits = TemperatureLogitsWarper(inp.temperature)(ids, logits)
+    if inp.top_k is not None:
+        logits = TopKLogitsWarper(inp.top_k)(ids, logits)
+    if inp.top_p is not None and inp.top_p < 1.0:
+        logits = TopPLogitsWarper(inp.top_p)(ids, logits)
+    return logits
+
+
+def ensemble(weight: float):
+    """The static ensemble's claim (DIVERSED): v = (1 - w) q + w p."""
+    return lambda p, q: (1 - weight) * q + weight * p
+
+
+def sampler_step(sampler, inp: StepInput, ensemble_weight: float | None = None,
+                 warp_target: bool = True, warp_draft: bool = True, seeded: bool = True) -> StepOutput:
+    """One call of a sampler with transformers' signature on the contract's tensors. The global
+    random state is seeded from the step's generator and restored afterwards (seeded=False: the
+    sampler draws from the global state as it stands, as a caller that forgets to seed it)."""
+    gamma = inp.gamma
+    target = warp(inp.target_logits, inp) if warp_target else inp.target_logits  # [gamma+1, V]
+    draft = warp(inp.draft_logits, inp) if warp_draft else inp.draft_logits  # [gamma, V]
+    candidates = torch.cat([torch.zeros(1, dtype=torch.long), inp.draft_tokens])[None]  # [1, 1 + gamma]
+    if not seeded:
+        tokens, n_matches = sampler(candidates, draft[None], gamma, target[None], ensemble_weight)
+        return StepOutput(int(n_matches), int(tokens[0, -1]))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=inp.generator)))
+        tokens, n_matches = sampler(candidates, draft[None], gamma, target[None], ensemble_weight)
+    return StepOutput(int(n_matches), int(tokens[0, -1]))
+
+
+def transformers_engine(ensemble_weight: float | None = None, sampler=None, name: str | None = None,
+                        batch_step=None, **step_options) -> Engine:
+    """transformers' sampler (or a function with its signature: a patched copy) behind the contract;
+    its batch form decides row after row, each seeded from its own generator (or `batch_step`)."""
+    sampler = sampler or transformers_sampler()
+    label = name or ("transformers" if ensemble_weight is None else f"transformers ensemble w={ensemble_weight}")
+    step = lambda inp: sampler_step(sampler, inp, ensemble_weight, **step_options)
+    claims = lossless if ensemble_weight is None else ensemble(ensemble_weight)
+    return Engine(label, step, claims=claims, accepts=overlap, greedy=False,
+                  batch_step=batch_step or (lambda inputs: [step(i) for i in inputs]),
+                  note="sampling only: transformers' greedy assisted decoding does not call it")

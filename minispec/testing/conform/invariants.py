@@ -1,0 +1,338 @@
+"""The invariants an acceptance step must keep, each a named check with an exact or a statistical test.
+
+    claimed_distribution   T = 1: the step's output follows what the engine claims (lossless: p;
+                           the static ensemble: (1 - w) q + w p), chi-square with its control
+    accepted_length        T = 1: the accepted length follows its closed form,
+                           P(n = k) = a_1 ... a_k (1 - a_{k+1}), a_i = accepts(c_i, q_i)
+    both_sides_processed   T = 0.6, top-k 3, top-p 0.95: the same, against the distributions after
+                           temperature and filters applied to both sides alike
+    judged_as_sampled      logits near 150 in float32: the draft is judged with the q it was
+                           sampled from (an engine that rounds the logits, e.g. to bfloat16, does not)
+    greedy                 T = 0: exactly the target's argmax tokens, every draft of a small
+                           vocabulary enumerated (exact, no statistics)
+    zero_probability       no emitted token has target probability 0 (a token the target masks)
+    seeded                 the same inputs and generator seed give the same decision
+    batch_independent      with a batch form: a row's decision is the one it gets alone
+
+How a step is observed (the statistical ones). The target and draft rows are fixed whatever came
+before (a target whose next-token distribution ignores the context is still a target, and a
+lossless rule must be lossless for it). The suite samples d_i ~ q_i, runs the step and extends
+its output to gamma + 1 tokens: (d_1 .. d_n, next_token, f_{n+1} .. f_gamma), f_j drawn from the
+claimed c_j (p_gamma at the bonus position). If the claim holds, this sequence follows the
+product c_0 x ... x c_{gamma-1} x p_gamma exactly; the chi-square tests the counts of all
+V^(gamma+1) sequences against it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from itertools import product
+
+import torch
+
+from minispec.testing.conform import stats
+from minispec.testing.conform.contract import Engine, StepInput, StepOutput, as_output, step_input
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How hard the statistical checks look: a bias of total variation `delta` in what they test
+    must be detected with probability stats.MIN_POWER, with samples from `start` doubling up to `limit`."""
+
+    delta: float = 0.05
+    start: int = 4000
+    limit: int = 64000
+    seed: int = 0
+
+
+@dataclass
+class Verdict:
+    invariant: str
+    status: str  # "pass", "FAIL" or "n/a"
+    evidence: str
+    fit: stats.Fit | None = None
+    control: stats.Control | None = None
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status != "FAIL"
+
+
+class Broken(Exception):
+    """The engine returned something outside the contract (a range, an exception)."""
+
+
+def logits(rows: int, vocab: int, generator: torch.Generator, scale: float = 1.5, offset: float = 0.0) -> torch.Tensor:
+    return (torch.randn(rows, vocab, generator=generator, dtype=torch.float64) * scale + offset).float()  # [rows, V]
+
+
+def call(engine: Engine, inp: StepInput) -> StepOutput:
+    """engine(inp), with its output checked against the contract."""
+    try:
+        out = engine(inp)
+    except Exception as err:
+        raise Broken(f"raised {type(err).__name__}: {err}") from err
+    if not 0 <= out.num_accepted <= inp.gamma or not 0 <= out.next_token < inp.target_logits.shape[1]:
+        raise Broken(f"returned num_accepted={out.num_accepted}, next_token={out.next_token}: expected "
+                     f"0..{inp.gamma} and 0..{inp.target_logits.shape[1] - 1}")
+    return out
+
+
+@dataclass
+class Setting:
+    """One fixed step's tensors: the logits, the sampling parameters, the reference distributions."""
+
+    target_logits: torch.Tensor  # [gamma+1, V]
+    draft_logits: torch.Tensor  # [gamma, V]
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        drafts = torch.zeros(self.draft_logits.shape[0], dtype=torch.long)
+        self.reference = step_input(self.target_logits, self.draft_logits, drafts, torch.Generator(),
+                                    self.temperature, self.top_k, self.top_p)  # p_target, q_draft in float64
+
+    def input(self, drafts: torch.Tensor, seed: int) -> StepInput:
+        """The step on `drafts` with a generator seeded `seed`; every tensor a copy of its own, so an
+        engine that writes into its inputs cannot change the next step's."""
+        ref = self.reference
+        return StepInput(self.target_logits.clone(), self.draft_logits.clone(), drafts.clone(),
+                         torch.Generator().manual_seed(seed), self.temperature, self.top_k, self.top_p,
+                         p_target=ref.p_target.clone(), q_draft=ref.q_draft.clone())
+
+
+def observe(engine: Engine, setting: Setting, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the step `samples` times: counts of the extended output sequences [V^(gamma+1)] and of
+    the accepted lengths [gamma+1]."""
+    ref = setting.reference
+    p, q = ref.p_target, ref.q_draft  # [gamma+1, V], [gamma, V]
+    gamma, vocab = q.shape
+    claimed = torch.stack([engine.claims(p[i], q[i]) for i in range(gamma)] + [p[gamma]]).float()  # [gamma+1, V]
+    generator = torch.Generator().manual_seed(seed)
+    drafts = torch.multinomial(q.float(), samples, replacement=True, generator=generator).T  # [samples, gamma]
+    fills = torch.multinomial(claimed, samples, replacement=True, generator=generator).T  # [samples, gamma+1]
+    sequences = torch.zeros(vocab ** (gamma + 1), dtype=torch.long)
+    lengths = torch.zeros(gamma + 1, dtype=torch.long)
+    weights = vocab ** torch.arange(gamma, -1, -1)  # [gamma+1]: a sequence's index, base V
+    for s in range(samples):
+        out = call(engine, setting.input(drafts[s], seed * 1_000_003 + s))
+        seq = fills[s].clone()
+        seq[: out.num_accepted] = drafts[s, : out.num_accepted]
+        seq[out.num_accepted] = out.next_token
+        sequences[int((seq * weights).sum())] += 1
+        lengths[out.num_accepted] += 1
+    return sequences, lengths
+
+
+def sequence_probs(engine: Engine, setting: Setting) -> torch.Tensor:
+    """The claimed distribution of the extended output: c_0 x ... x c_{gamma-1} x p_gamma, [V^(gamma+1)]."""
+    ref = setting.reference
+    p, q = ref.p_target, ref.q_draft
+    rows = [engine.claims(p[i], q[i]) for i in range(q.shape[0])] + [p[-1]]
+    probs = rows[0]
+    for row in rows[1:]:
+        probs = torch.outer(probs, row).flatten()
+    return probs
+
+
+def length_probs(engine: Engine, setting: Setting) -> torch.Tensor:
+    """P(num_accepted = k), k = 0..gamma, from the engine's closed-form acceptance a_i = accepts(c_i, q_i)."""
+    ref = setting.reference
+    p, q = ref.p_target, ref.q_draft
+    a = torch.stack([engine.accepts(engine.claims(p[i], q[i]), q[i]) for i in range(q.shape[0])])  # [gamma]
+    reach = torch.cat([torch.ones(1, dtype=a.dtype), torch.cumprod(a, 0)])  # P(n >= k), k = 0..gamma
+    return reach - torch.cat([reach[1:], torch.zeros(1, dtype=a.dtype)])
+
+
+def fit_verdict(name: str, counts: torch.Tensor, probs: torch.Tensor, control: stats.Control, what: str) -> Verdict:
+    fit = stats.chi_square(counts, probs)
+    evidence = (f"chi2 {fit.statistic:.1f} on {fit.dof} dof, p = {fit.p_value:.2g}, N = {fit.samples}; "
+                f"control: power {control.power:.1%} against a bias of TV {control.delta}, "
+                f"false alarm {control.false_alarm:.1%} ({control.reps} reps, alpha {stats.ALPHA:g})")
+    if control.power < stats.MIN_POWER:
+        return Verdict(name, "FAIL", f"cannot tell: its control is caught only {control.power:.1%} of the time; "
+                       + evidence, fit, control)
+    if fit.p_value < stats.ALPHA:
+        return Verdict(name, "FAIL", f"{what} does not hold: " + evidence, fit, control)
+    return Verdict(name, "pass", evidence, fit, control)
+
+
+def statistical(name: str, engine: Engine, setting: Setting, budget: Budget, what: str,
+                lengths_too: bool = False) -> list[Verdict]:
+    probs = sequence_probs(engine, setting)
+    samples, control = stats.samples_for_power(probs, budget.delta, budget.start, budget.limit, budget.seed)
+    length = None
+    if lengths_too:
+        lprobs = length_probs(engine, setting)
+        lsamples, lcontrol = stats.samples_for_power(lprobs, budget.delta, budget.start, budget.limit, budget.seed)
+        if lsamples > samples:
+            samples, control = lsamples, stats.control(probs, lsamples, budget.delta, budget.seed)
+        elif lsamples < samples:
+            lcontrol = stats.control(lprobs, samples, budget.delta, budget.seed)
+        length = (lprobs, lcontrol)
+    try:
+        sequences, lengths = observe(engine, setting, samples, budget.seed)
+    except Broken as err:
+        return [Verdict(name, "FAIL", str(err))] + ([Verdict("accepted_length", "FAIL", str(err))] if length else [])
+    verdicts = [fit_verdict(name, sequences, probs, control, what)]
+    if length:
+        verdicts.append(fit_verdict("accepted_length", lengths, length[0], length[1],
+                                    "P(n = k) = a_1 ... a_k (1 - a_{k+1})"))
+    return verdicts
+
+
+def settings(seed: int) -> dict[str, Setting]:
+    """The fixed steps the statistical checks run on, drawn from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "claimed": Setting(logits(3, 4, g), logits(2, 4, g)),  # gamma 2, V 4: 64 sequences
+        "processed": Setting(logits(2, 5, g, scale=1.0), logits(1, 5, g, scale=1.0), 0.6, 3, 0.95),
+        "rounding": Setting(logits(2, 4, g, scale=0.7, offset=150.0), logits(1, 4, g, scale=0.7, offset=150.0)),
+    }
+
+
+def check_claimed(engine: Engine, budget: Budget) -> list[Verdict]:
+    if not engine.samples:
+        return [Verdict("claimed_distribution", "n/a", "greedy only"), Verdict("accepted_length", "n/a", "greedy only")]
+    if engine.claims is None:
+        return [Verdict("claimed_distribution", "n/a", "states no output distribution"),
+                Verdict("accepted_length", "n/a", "states no output distribution")]
+    out = statistical("claimed_distribution", engine, settings(budget.seed)["claimed"], budget,
+                      "the claimed output distribution", lengths_too=engine.accepts is not None)
+    if engine.accepts is None:
+        out.append(Verdict("accepted_length", "n/a", "states no closed-form acceptance"))
+    return out
+
+
+def check_processed(engine: Engine, budget: Budget) -> list[Verdict]:
+    if not engine.samples or engine.claims is None:
+        return [Verdict("both_sides_processed", "n/a", "greedy only" if not engine.samples else
+                        "states no output distribution")]
+    return statistical("both_sides_processed", engine, settings(budget.seed)["processed"], budget,
+                       "the claim at T = 0.6, top-k 3, top-p 0.95 (both sides processed alike)")
+
+
+def check_rounding(engine: Engine, budget: Budget) -> list[Verdict]:
+    if not engine.samples or engine.claims is None:
+        return [Verdict("judged_as_sampled", "n/a", "greedy only" if not engine.samples else
+                        "states no output distribution")]
+    return statistical("judged_as_sampled", engine, settings(budget.seed)["rounding"], budget,
+                       "the claim on float32 logits near 150 (judged with the q sampled from)")
+
+
+def check_greedy(engine: Engine, budget: Budget) -> list[Verdict]:
+    if not engine.greedy:
+        return [Verdict("greedy", "n/a", "takes no temperature 0")]
+    g = torch.Generator().manual_seed(budget.seed + 1)
+    gamma, vocab = 3, 5
+    setting = Setting(logits(gamma + 1, vocab, g), logits(gamma, vocab, g), temperature=0.0)
+    argmax = setting.target_logits.argmax(-1)  # [gamma+1]
+    checked = 0
+    for drafts in product(range(vocab), repeat=gamma):
+        drafts = torch.tensor(drafts)
+        want_n = int((drafts == argmax[:gamma]).long().cumprod(0).sum())
+        want = StepOutput(want_n, int(argmax[want_n]))
+        for seed in (0, 1):
+            try:
+                got = call(engine, setting.input(drafts, seed))
+            except Broken as err:
+                return [Verdict("greedy", "FAIL", f"drafts {drafts.tolist()}: {err}")]
+            checked += 1
+            if got != want:
+                return [Verdict("greedy", "FAIL", f"drafts {drafts.tolist()}, target argmax {argmax.tolist()}: "
+                                f"expected {want}, got {got}")]
+    return [Verdict("greedy", "pass", f"all {vocab}^{gamma} drafts x 2 seeds ({checked} steps) emit the argmax tokens")]
+
+
+def check_zero_probability(engine: Engine, budget: Budget, samples: int = 2000) -> list[Verdict]:
+    g = torch.Generator().manual_seed(budget.seed + 2)
+    gamma, vocab = 2, 4
+    target = logits(gamma + 1, vocab, g)
+    target[:, :2] = -1e4  # tokens 0 and 1 masked at every position (exp underflows to exactly 0)
+    draft = logits(gamma, vocab, g)
+    draft[:, 0] += 3.0  # the draft favours a masked token
+    setting = Setting(target, draft, 1.0 if engine.samples else 0.0)
+    ref = setting.reference
+    gen = torch.Generator().manual_seed(budget.seed)
+    drafts = torch.multinomial(ref.q_draft.float(), samples, replacement=True, generator=gen).T  # [samples, gamma]
+    for s in range(samples):
+        try:
+            out = call(engine, setting.input(drafts[s], s))
+        except Broken as err:
+            return [Verdict("zero_probability", "FAIL", str(err))]
+        emitted = drafts[s, : out.num_accepted].tolist() + [out.next_token]
+        for i, token in enumerate(emitted):
+            if float(ref.p_target[i, token]) == 0.0:
+                return [Verdict("zero_probability", "FAIL",
+                                f"step {s}: emitted token {token} at position {i}, where the target gives it "
+                                f"probability 0 (drafts {drafts[s].tolist()}, num_accepted {out.num_accepted})")]
+    return [Verdict("zero_probability", "pass", f"{samples} steps with a masked token the draft favours: none emitted")]
+
+
+def check_seeded(engine: Engine, budget: Budget, samples: int = 200) -> list[Verdict]:
+    setting = settings(budget.seed)["claimed"]
+    if not engine.samples:
+        setting = Setting(setting.target_logits, setting.draft_logits, 0.0)
+    gen = torch.Generator().manual_seed(budget.seed + 3)
+    drafts = torch.multinomial(setting.reference.q_draft.float(), samples, replacement=True, generator=gen).T
+    for s in range(samples):
+        try:
+            first, again = (call(engine, setting.input(drafts[s], 7 * s + 1)) for _ in range(2))
+        except Broken as err:
+            return [Verdict("seeded", "FAIL", str(err))]
+        if first != again:
+            return [Verdict("seeded", "FAIL", f"generator seed {7 * s + 1}, drafts {drafts[s].tolist()}: "
+                            f"{first} then {again}")]
+    return [Verdict("seeded", "pass", f"{samples} seeds, each run twice: the same decisions")]
+
+
+def check_batch(engine: Engine, budget: Budget, batches: int = 100, rows: int = 4) -> list[Verdict]:
+    if engine.batch_step is None:
+        return [Verdict("batch_independent", "n/a", "no batch form")]
+    g = torch.Generator().manual_seed(budget.seed + 4)
+    temperature = 1.0 if engine.samples else 0.0
+    for b in range(batches):
+        inputs = []
+        for r in range(rows):
+            setting = Setting(logits(3, 4, g), logits(2, 4, g), temperature)
+            drafts = torch.multinomial(setting.reference.q_draft.float(), 1, generator=g).squeeze(-1)  # [gamma]
+            inputs.append((setting, drafts, 100 * b + r))
+        try:
+            together = [as_output(o) for o in engine.batch_step([s.input(d, seed) for s, d, seed in inputs])]
+            alone = [call(engine, s.input(d, seed)) for s, d, seed in inputs]
+        except Exception as err:
+            return [Verdict("batch_independent", "FAIL", f"raised {type(err).__name__}: {err}")]
+        for r, (t, a) in enumerate(zip(together, alone)):
+            if t != a:
+                return [Verdict("batch_independent", "FAIL", f"batch {b}, row {r}: {t} in a batch of {rows}, "
+                                f"{a} alone, with the same generator seed")]
+    return [Verdict("batch_independent", "pass", f"{batches} batches of {rows}: every row decides as it does alone")]
+
+
+CHECKS = {  # each check and the invariants it judges, in the report's order
+    check_claimed: ("claimed_distribution", "accepted_length"),
+    check_processed: ("both_sides_processed",),
+    check_rounding: ("judged_as_sampled",),
+    check_greedy: ("greedy",),
+    check_zero_probability: ("zero_probability",),
+    check_seeded: ("seeded",),
+    check_batch: ("batch_independent",),
+}
+INVARIANTS = tuple(name for names in CHECKS.values() for name in names)
+
+
+def conform(engine: Engine, budget: Budget = Budget(), only: tuple[str, ...] = ()) -> list[Verdict]:
+    """Every invariant's verdict on `engine` (or those named in `only`), in INVARIANTS order."""
+    verdicts = []
+    for check, names in CHECKS.items():
+        if only and not set(only) & set(names):
+            continue
+        started = time.perf_counter()
+        found = check(engine, budget)
+        for v in found:
+            v.seconds = (time.perf_counter() - started) / len(found)
+        verdicts += [v for v in found if not only or v.invariant in only]
+    return verdicts

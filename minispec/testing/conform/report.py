@@ -1,0 +1,138 @@
+"""python -m minispec.testing.conform: the suite's verdicts on named engines, as markdown tables.
+
+    python -m minispec.testing.conform transformers transformers:w=0.5 minispec:sampling
+    python -m minispec.testing.conform all                     transformers (plain, w = 0.5) and every minispec policy
+    python -m minispec.testing.conform --planted               each planted bug class: caught, and by what
+    python -m minispec.testing.conform mypackage.mymodule:engine   your own Engine (or a function returning one)
+
+Engines: `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
+`minispec:NAME` or `minispec:NAME:key=value,...` (a registered policy and its options), or
+`module:attribute` naming an Engine. --delta sets the bias of total variation each statistical
+check must detect 99% of the time (smaller: more samples, more minutes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+from minispec import acceptance
+from minispec.cli import Parser, ranged, run_main
+from minispec.errors import MinispecError
+from minispec.testing.conform.contract import Engine
+from minispec.testing.conform.engines import NEEDS_THE_HEAD, minispec_engine, transformers_engine
+from minispec.testing.conform.invariants import INVARIANTS, Budget, Verdict, conform
+from minispec.testing.conform.planted import PLANTS, planted_engine
+
+PROG = "minispec.testing.conform"
+
+
+def parse_value(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def engine_named(spec: str) -> list[Engine]:
+    """The engines a command-line name stands for; MinispecError naming ENGINE if none."""
+    if spec == "all":
+        return [transformers_engine(), transformers_engine(0.5)] + [
+            minispec_engine(name) for name in acceptance.available() if name not in NEEDS_THE_HEAD]
+    if spec == "transformers":
+        return [transformers_engine()]
+    if spec.startswith("transformers:w="):
+        weight = parse_value(spec.partition("=")[2])
+        if not isinstance(weight, (int, float)) or not 0 < weight < 1:
+            raise MinispecError(f"ENGINE {spec!r}: expected transformers:w=W with 0 < W < 1")
+        return [transformers_engine(float(weight))]
+    if spec.startswith("minispec:"):
+        name, _, options = spec[len("minispec:"):].partition(":")
+        kwargs = {}
+        for item in filter(None, options.split(",")):
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise MinispecError(f"ENGINE {spec!r}: option {item!r}; expected key=value")
+            kwargs[key] = parse_value(value)
+        try:
+            return [minispec_engine(name, **kwargs)]
+        except (ValueError, MinispecError) as err:
+            raise MinispecError(f"ENGINE {spec!r}: {err}") from None
+    module, colon, attribute = spec.partition(":")
+    if not colon:
+        raise MinispecError(f"ENGINE {spec!r}: expected all, transformers, transformers:w=W, minispec:NAME[:k=v,...] "
+                            "or module:attribute")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as err:
+        raise MinispecError(f"ENGINE {spec!r}: {err}") from None
+    found = found() if callable(found) and not isinstance(found, Engine) else found
+    if not isinstance(found, Engine):
+        raise MinispecError(f"ENGINE {spec!r}: {type(found).__name__}, not a minispec.testing.conform.Engine")
+    return [found]
+
+
+def verdict_table(results: dict[str, list[Verdict]]) -> str:
+    """Engines as columns, invariants as rows, each cell a verdict."""
+    names = list(results)
+    lines = ["| invariant | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for invariant in INVARIANTS:
+        cells = [next((v.status for v in results[n] if v.invariant == invariant), "") for n in names]
+        lines.append(f"| {invariant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def evidence(results: dict[str, list[Verdict]]) -> str:
+    lines = []
+    for name, verdicts in results.items():
+        lines.append(f"\n{name}:\n")
+        lines += [f"- {v.invariant}: {v.status}. {v.evidence}" for v in verdicts]
+    return "\n".join(lines) + "\n"
+
+
+def planted_table(budget: Budget) -> str:
+    rows = ["| bug class | seen in | planted | should fail | failed | evidence |", "|---|---|---|---|---|---|"]
+    for plant in PLANTS:
+        verdicts = conform(planted_engine(plant), budget)
+        failed = [v.invariant for v in verdicts if v.status == "FAIL"]
+        mine = next(v for v in verdicts if v.invariant == plant.catches)
+        caught = "**yes**" if plant.catches in failed else "NO"
+        rows.append(f"| {plant.bug} | {plant.seen_in} | `{plant.name}` | {plant.catches} ({caught}) | "
+                    f"{', '.join(failed) or 'none'} | {mine.evidence} |")
+        print(f"{PROG}: {plant.name}: {caught}", file=sys.stderr, flush=True)
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("engines", nargs="*", metavar="ENGINE", help="engines to test (see the module docstring)")
+    parser.add_argument("--planted", action="store_true", help="run the suite on each planted bug class")
+    parser.add_argument("--delta", type=ranged(float, "--delta", lo=0.01, hi=0.25), default=0.05,
+                        help="the total variation each statistical check must detect 99%% of the time")
+    parser.add_argument("--seed", type=ranged(int, "--seed", lo=0), default=0, help="draws the fixed steps and samples")
+    args = parser.parse_args(argv)
+    if not args.engines and not args.planted:
+        parser.error("name an ENGINE (or all), or give --planted")
+
+    def body() -> int:
+        engines = [e for spec in args.engines for e in engine_named(spec)]  # every name checked before any run
+        budget = Budget(delta=args.delta, seed=args.seed)
+        started = time.perf_counter()
+        failed = False
+        if engines:
+            results = {}
+            for engine in engines:
+                results[engine.name] = conform(engine, budget)
+                print(f"{PROG}: {engine.name}: {sum(v.status == 'FAIL' for v in results[engine.name])} failed",
+                      file=sys.stderr, flush=True)
+            failed = any(not v.passed for vs in results.values() for v in vs)
+            print(verdict_table(results) + evidence(results))
+        if args.planted:
+            print(planted_table(budget))
+        print(f"{time.perf_counter() - started:.0f} s", file=sys.stderr)
+        return 1 if failed else 0
+
+    return run_main(PROG, body)
