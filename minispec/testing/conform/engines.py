@@ -1,6 +1,7 @@
 """Adapters: minispec's policies, transformers' sampler, and any function, behind the same door.
 
     minispec_engine("sampling")                  a registered policy, options as keyword arguments
+    sample_then_match_engine()                   sample x ~ p, keep the draft iff it equals x
     transformers_engine()                        transformers.generation.utils._speculative_sampling
     transformers_engine(ensemble_weight=0.5)     the same with `assistant_ensemble_weight` (DIVERSED)
     Engine("mine", my_step, claims=...)          your own function (contract.Engine)
@@ -113,3 +114,26 @@ def transformers_engine(ensemble_weight: float | None = None, sampler=None, name
     return Engine(label, step, claims=claims, accepts=overlap, greedy=False,
                   batch_step=batch_step or (lambda inputs: [step(i) for i in inputs]),
                   note="sampling only: transformers' greedy assisted decoding does not call it")
+
+
+def matching(c: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """P(accept) of sample-then-match: the draft x ~ q equals an independent y ~ c: sum_x c(x) q(x)."""
+    return (c * q).sum()
+
+
+def sample_then_match_step(inp: StepInput) -> StepOutput:
+    """At each drafted position sample y ~ p_target and keep the draft iff it equals y; the first y
+    that differs is the correction, and after gamma matches a y ~ p_target[gamma] is the bonus.
+    Every emitted token is some y ~ p, so the rule is lossless; it accepts with probability
+    sum_x p(x) q(x) <= sum_x min(p(x), q(x)), speculative sampling's."""
+    for i in range(inp.gamma):
+        y = int(torch.multinomial(inp.p_target[i], 1, generator=inp.generator))
+        if y != int(inp.draft_tokens[i]):
+            return StepOutput(i, y)
+    return StepOutput(inp.gamma, int(torch.multinomial(inp.p_target[inp.gamma], 1, generator=inp.generator)))
+
+
+def sample_then_match_engine() -> Engine:
+    return Engine("sample-then-match", sample_then_match_step, claims=lossless, accepts=matching,
+                  batch_step=lambda inputs: [sample_then_match_step(i) for i in inputs],
+                  note="lossless; accepts sum p q, below speculative sampling's sum min(p, q)")

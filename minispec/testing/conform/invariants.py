@@ -6,7 +6,7 @@
                            P(n = k) = a_1 ... a_k (1 - a_{k+1}), a_i = accepts(c_i, q_i)
     both_sides_processed   T = 0.6, top-k 3, top-p 0.95: the same, against the distributions after
                            temperature and filters applied to both sides alike
-    judged_as_sampled      logits near 150 in float32: the draft is judged with the q it was
+    judged_as_sampled      logits near 300 in float32: the draft is judged with the q it was
                            sampled from (an engine that rounds the logits, e.g. to bfloat16, does not)
     greedy                 T = 0: exactly the target's argmax tokens, every draft of a small
                            vocabulary enumerated (exact, no statistics)
@@ -189,8 +189,12 @@ def settings(seed: int) -> dict[str, Setting]:
     g = torch.Generator().manual_seed(seed)
     return {
         "claimed": Setting(logits(3, 4, g), logits(2, 4, g)),  # gamma 2, V 4: 64 sequences
-        "processed": Setting(logits(2, 5, g, scale=1.0), logits(1, 5, g, scale=1.0), 0.6, 3, 0.95),
-        "rounding": Setting(logits(2, 4, g, scale=0.7, offset=150.0), logits(1, 4, g, scale=0.7, offset=150.0)),
+        # the draft favours tokens that the filters keep on its side but not on the target's, so an
+        # engine that processes one side only is off by a total variation of ~0.13-0.19 here
+        "processed": Setting(torch.cat([torch.tensor([[1.0, 0.5, 0.0, 0.8, -1.0]]) + logits(1, 5, g, scale=0.3),
+                                        logits(1, 5, g)]),
+                             torch.tensor([[0.0, 1.0, 0.5, 1.2, 0.8]]) + logits(1, 5, g, scale=0.3), 0.6, 3, 0.95),
+        "rounding": Setting(logits(2, 4, g, scale=1.5, offset=300.0), logits(1, 4, g, scale=1.5, offset=300.0)),
     }
 
 
@@ -220,7 +224,7 @@ def check_rounding(engine: Engine, budget: Budget) -> list[Verdict]:
         return [Verdict("judged_as_sampled", "n/a", "greedy only" if not engine.samples else
                         "states no output distribution")]
     return statistical("judged_as_sampled", engine, settings(budget.seed)["rounding"], budget,
-                       "the claim on float32 logits near 150 (judged with the q sampled from)")
+                       "the claim on float32 logits near 300 (judged with the q sampled from)")
 
 
 def check_greedy(engine: Engine, budget: Budget) -> list[Verdict]:
@@ -247,7 +251,7 @@ def check_greedy(engine: Engine, budget: Budget) -> list[Verdict]:
     return [Verdict("greedy", "pass", f"all {vocab}^{gamma} drafts x 2 seeds ({checked} steps) emit the argmax tokens")]
 
 
-def check_zero_probability(engine: Engine, budget: Budget, samples: int = 2000) -> list[Verdict]:
+def check_zero_probability(engine: Engine, budget: Budget, samples: int = 500) -> list[Verdict]:
     g = torch.Generator().manual_seed(budget.seed + 2)
     gamma, vocab = 2, 4
     target = logits(gamma + 1, vocab, g)
@@ -272,7 +276,7 @@ def check_zero_probability(engine: Engine, budget: Budget, samples: int = 2000) 
     return [Verdict("zero_probability", "pass", f"{samples} steps with a masked token the draft favours: none emitted")]
 
 
-def check_seeded(engine: Engine, budget: Budget, samples: int = 200) -> list[Verdict]:
+def check_seeded(engine: Engine, budget: Budget, samples: int = 100) -> list[Verdict]:
     setting = settings(budget.seed)["claimed"]
     if not engine.samples:
         setting = Setting(setting.target_logits, setting.draft_logits, 0.0)
@@ -289,7 +293,7 @@ def check_seeded(engine: Engine, budget: Budget, samples: int = 200) -> list[Ver
     return [Verdict("seeded", "pass", f"{samples} seeds, each run twice: the same decisions")]
 
 
-def check_batch(engine: Engine, budget: Budget, batches: int = 100, rows: int = 4) -> list[Verdict]:
+def check_batch(engine: Engine, budget: Budget, batches: int = 50, rows: int = 4) -> list[Verdict]:
     if engine.batch_step is None:
         return [Verdict("batch_independent", "n/a", "no batch form")]
     g = torch.Generator().manual_seed(budget.seed + 4)

@@ -1,12 +1,12 @@
 """python -m minispec.testing.conform: the suite's verdicts on named engines, as markdown tables.
 
     python -m minispec.testing.conform transformers transformers:w=0.5 minispec:sampling
-    python -m minispec.testing.conform all                     transformers (plain, w = 0.5) and every minispec policy
+    python -m minispec.testing.conform all                     transformers (plain, w = 0.5), sample-then-match, every minispec policy
     python -m minispec.testing.conform --planted               each planted bug class: caught, and by what
     python -m minispec.testing.conform mypackage.mymodule:engine   your own Engine (or a function returning one)
 
 Engines: `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
-`minispec:NAME` or `minispec:NAME:key=value,...` (a registered policy and its options), or
+`sample-then-match`, `minispec:NAME` or `minispec:NAME:key=value,...` (a registered policy and its options), or
 `module:attribute` naming an Engine. --delta sets the bias of total variation each statistical
 check must detect 99% of the time (smaller: more samples, more minutes).
 """
@@ -21,7 +21,8 @@ from minispec import acceptance
 from minispec.cli import Parser, ranged, run_main
 from minispec.errors import MinispecError
 from minispec.testing.conform.contract import Engine
-from minispec.testing.conform.engines import NEEDS_THE_HEAD, minispec_engine, transformers_engine
+from minispec.testing.conform.engines import (NEEDS_THE_HEAD, minispec_engine, sample_then_match_engine,
+                                               transformers_engine)
 from minispec.testing.conform.invariants import INVARIANTS, Budget, Verdict, conform
 from minispec.testing.conform.planted import PLANTS, planted_engine
 
@@ -40,8 +41,10 @@ def parse_value(text: str):
 def engine_named(spec: str) -> list[Engine]:
     """The engines a command-line name stands for; MinispecError naming ENGINE if none."""
     if spec == "all":
-        return [transformers_engine(), transformers_engine(0.5)] + [
+        return [transformers_engine(), transformers_engine(0.5), sample_then_match_engine()] + [
             minispec_engine(name) for name in acceptance.available() if name not in NEEDS_THE_HEAD]
+    if spec == "sample-then-match":
+        return [sample_then_match_engine()]
     if spec == "transformers":
         return [transformers_engine()]
     if spec.startswith("transformers:w="):
@@ -63,7 +66,7 @@ def engine_named(spec: str) -> list[Engine]:
             raise MinispecError(f"ENGINE {spec!r}: {err}") from None
     module, colon, attribute = spec.partition(":")
     if not colon:
-        raise MinispecError(f"ENGINE {spec!r}: expected all, transformers, transformers:w=W, minispec:NAME[:k=v,...] "
+        raise MinispecError(f"ENGINE {spec!r}: expected all, transformers, transformers:w=W, sample-then-match, minispec:NAME[:k=v,...] "
                             "or module:attribute")
     try:
         found = getattr(importlib.import_module(module), attribute)

@@ -9,9 +9,9 @@ each check here comes with two numbers, computed at the very sample size it used
 
 The planted bias is the hardest one of its size for this test. A bias r - p of total variation
 delta moves the chi-square statistic by (in expectation, over N samples) N sum_x (r - p)^2 / p,
-which by Cauchy-Schwarz is at least N (2 delta)^2; the tilt that scales a set A of the cells
-holding about half the mass up by delta / P(A) and the rest down by delta / (1 - P(A)) reaches
-N delta^2 (1 / P(A) + 1 / (1 - P(A))), that bound when P(A) = 1/2. So the reported power is (up
+which by Cauchy-Schwarz is at least N (2 delta)^2; the tilt that scales a set A of the cells up
+by delta / P(A) and the rest down by delta / (1 - P(A)) reaches N delta^2 (1 / P(A) + 1 / (1 -
+P(A))), that bound when P(A) = 1/2 (A: the most probable cells up to half the mass). So the reported power is (up
 to how evenly the cells split) a lower bound on the power against any bias of total variation
 delta. Both rates are estimated by simulation: REPS samples of N outcomes each.
 """
@@ -58,16 +58,19 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> Fit:
 
 def tilt(probs: torch.Tensor, delta: float) -> torch.Tensor:
     """probs with a bias of total variation delta in the direction hardest for the chi-square test:
-    cells filled into A from the most probable down while A holds at most half the mass (at least
-    one cell), A scaled up by delta / P(A), the rest down by delta / (1 - P(A))."""
+    the cells split in two sets, A (filled from the most probable down while it holds at most half
+    the mass, at least one cell) and the rest; the lighter set scaled up by delta / its mass, the
+    heavier down by delta / its mass (which, holding half the mass or more, always has room for it)."""
     order = torch.argsort(probs, descending=True)
     cumulative = torch.cumsum(probs[order], 0)
     in_a = torch.zeros_like(probs, dtype=torch.bool)
     in_a[order[: max(int((cumulative <= 0.5).sum()), 1)]] = True
-    mass = float(probs[in_a].sum())
-    if not 0 < mass < 1 or delta > min(mass, 1 - mass):
+    mass_a = float(probs[in_a].sum())
+    light = in_a if mass_a <= 0.5 else ~in_a
+    light_mass = float(probs[light].sum())
+    if light_mass == 0 or not 0 < delta <= 1 - light_mass:
         raise ValueError(f"delta = {delta}: a bias this large does not fit these probabilities")
-    return torch.where(in_a, probs * (1 + delta / mass), probs * (1 - delta / (1 - mass)))
+    return torch.where(light, probs * (1 + delta / light_mass), probs * (1 - delta / (1 - light_mass)))
 
 
 def rejection_rate(probs_true: torch.Tensor, probs_ref: torch.Tensor, samples: int, reps: int,

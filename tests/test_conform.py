@@ -1,0 +1,106 @@
+"""minispec.testing.conform: the conformance suite passes correct engines, catches each planted bug
+class with the invariant meant for it, and fails a check whose control it cannot catch.
+
+The budget here is smaller than the report's (a bias of total variation 0.15 instead of 0.05), so
+the suite stays fast; each statistical verdict still carries the power it had at that size."""
+
+import sys
+
+import pytest
+import torch
+
+from minispec.testing.conform import Budget, Engine, conform, minispec_engine, stats
+from minispec.testing.conform.engines import matching, sample_then_match_engine, sample_then_match_step
+from minispec.testing.conform.invariants import INVARIANTS
+from minispec.testing.conform.report import main
+
+QUICK = Budget(delta=0.15, start=500, limit=8000)
+
+
+def statuses(verdicts) -> dict[str, str]:
+    return {v.invariant: v.status for v in verdicts}
+
+
+def test_speculative_sampling_keeps_every_invariant():
+    verdicts = conform(minispec_engine("sampling"), QUICK)
+    assert [v.invariant for v in verdicts] == list(INVARIANTS)
+    assert statuses(verdicts) == dict.fromkeys(INVARIANTS, "pass"), [v.evidence for v in verdicts]
+    stat = [v for v in verdicts if v.control is not None]
+    assert len(stat) == 4 and all(v.control.power >= stats.MIN_POWER for v in stat)
+
+
+def test_exact_match_is_judged_at_temperature_0_only():
+    got = statuses(conform(minispec_engine("exact"), QUICK))
+    assert got["greedy"] == got["zero_probability"] == got["seeded"] == got["batch_independent"] == "pass"
+    assert {got[k] for k in ("claimed_distribution", "accepted_length", "both_sides_processed",
+                             "judged_as_sampled")} == {"n/a"}
+
+
+def test_sample_then_match_is_lossless_and_accepts_sum_p_q():
+    """The disputed rule, settled: its output is p, its acceptance sum_x p(x) q(x) (a user's function
+    through the same door), and the suite refuses speculative sampling's sum_x min(p, q) for it."""
+    got = conform(sample_then_match_engine(), QUICK, only=("claimed_distribution", "accepted_length", "greedy"))
+    assert statuses(got) == {"claimed_distribution": "pass", "accepted_length": "pass", "greedy": "pass"}
+    claiming_min = Engine("sample-then-match claiming sum min(p, q)", sample_then_match_step)  # accepts=overlap
+    assert statuses(conform(claiming_min, QUICK, only=("accepted_length",))) == {"accepted_length": "FAIL"}
+    p, q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64), torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
+    assert float(matching(p, q)) == pytest.approx(0.29) and float(torch.minimum(p, q).sum()) == pytest.approx(0.7)
+
+
+def test_transformers_sampler_and_its_ensemble_weight():
+    pytest.importorskip("transformers")
+    from minispec.testing.conform import transformers_engine
+
+    plain = statuses(conform(transformers_engine(), QUICK))
+    assert plain["greedy"] == "n/a" and {s for k, s in plain.items() if k != "greedy"} == {"pass"}
+    mixed = statuses(conform(transformers_engine(0.5), QUICK, only=("claimed_distribution", "accepted_length",
+                                                                     "zero_probability")))
+    # (1 - w) q + w p holds, and it gives the draft's tokens mass the target does not: by its own claim
+    assert mixed == {"claimed_distribution": "pass", "accepted_length": "pass", "zero_probability": "FAIL"}
+
+
+@pytest.mark.parametrize("plant", __import__("minispec.testing.conform.planted", fromlist=["PLANTS"]).PLANTS,
+                         ids=lambda plant: plant.name)
+def test_each_planted_bug_class_is_caught_by_its_invariant(plant):
+    pytest.importorskip("transformers")
+    from minispec.testing.conform.planted import planted_engine
+
+    # the one-sided temperature and filters move this step's output by TV ~0.08 (of the fixed setting),
+    # below QUICK's 0.15: that plant needs the finer budget (the report's default, 0.05, sees it too)
+    budget = Budget(delta=0.06, start=2000, limit=16000) if plant.name == "draft-not-warped" else QUICK
+    verdict, = conform(planted_engine(plant), budget, only=(plant.catches,))
+    assert verdict.status == "FAIL" and "cannot tell" not in verdict.evidence, verdict.evidence
+
+
+def test_a_check_whose_control_it_cannot_catch_fails_itself():
+    tiny = Budget(delta=0.02, start=50, limit=50)
+    verdict, = conform(minispec_engine("sampling"), tiny, only=("claimed_distribution",))
+    assert verdict.status == "FAIL" and verdict.evidence.startswith("cannot tell")
+    assert verdict.control.power < stats.MIN_POWER
+
+
+def test_the_control_is_a_bias_of_the_stated_size_and_the_fit_reads_counts():
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    biased = stats.tilt(probs, 0.05)
+    assert float(biased.sum()) == pytest.approx(1.0) and float((biased - probs).abs().sum() / 2) == pytest.approx(0.05)
+    assert stats.chi_square(torch.tensor([400, 300, 200, 100]), probs).p_value == pytest.approx(1.0)
+    assert stats.chi_square(torch.tensor([0, 0, 0, 1]), torch.tensor([0.5, 0.5, 0.0, 0.0])).p_value == 0.0
+    control = stats.control(probs, 20000, 0.05)
+    assert control.power >= 0.99 and control.false_alarm <= 0.02
+
+
+def test_an_engine_that_breaks_the_contract_fails_with_what_it_returned():
+    broken = Engine("returns gamma + 1", lambda inp: (inp.gamma + 1, 0))
+    verdict, = conform(broken, QUICK, only=("seeded",))
+    assert verdict.status == "FAIL" and "num_accepted=3" in verdict.evidence
+
+
+def test_the_command_names_a_bad_engine_in_one_line(capsys):
+    for argv, needle in ((["bogus"], "ENGINE 'bogus'"), (["minispec:nosuch"], "ENGINE 'minispec:nosuch'"),
+                         (["minispec:dropmatch"], "re-runs the LM head"), (["transformers:w=2"], "0 < W < 1"),
+                         (["minispec:lenience:beta"], "expected key=value"), ([], "name an ENGINE")):
+        with pytest.raises(SystemExit) as exit_info:
+            sys.exit(main(argv))
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
