@@ -33,9 +33,9 @@ POLICY_CLAIMS = {
     "block": dict(claims=lossless, accepts=None, note="lossless over the block: no per-token acceptance form"),
     "traversal": dict(claims=lossless, accepts=None, note="lossless over the block: no per-token acceptance form"),
     "exact": dict(claims=None, accepts=None, samples=False, note="greedy whatever the temperature"),
-    "typical": dict(claims=None, accepts=None, note="lossy; states no output distribution"),
-    "lenience": dict(claims=None, accepts=None, note="lossy; states no output distribution"),
-    "fly": dict(claims=None, accepts=None, note="lossy and stateful across steps; states no output distribution"),
+    "typical": dict(claims=None, accepts=None, greedy=False, note="lossy at T = 0 too; states no output distribution"),
+    "lenience": dict(claims=None, accepts=None, greedy=False, note="lossy; states no output distribution"),
+    "fly": dict(claims=None, accepts=None, greedy=False, note="lossy at T = 0 too; states no output distribution"),
 }
 NEEDS_THE_HEAD = {"dropmatch", "dropmatch-lazy"}  # they re-run the LM head: not a function of the step's tensors
 
