@@ -45,7 +45,7 @@ PLANTS = (
           "1Cat-vLLM #656, vLLM #17498", "batch_independent", shared_stream=True),
     Plant("global-state-unseeded", "the step's randomness taken from unseeded global state",
           "vLLM #13196", "seeded", step_options={"seeded": False}),
-    Plant("residual-not-clamped", "the residual |p - q| instead of max(0, p - q)",
+    Plant("residual-not-clamped", "the residual abs(p - q) instead of max(0, p - q)",
           "(the residual's textbook slip)", "zero_probability",
           "p_prime = torch.clamp((p_n_plus_1 - q_n_plus_1), min=0)",
           "p_prime = (p_n_plus_1 - q_n_plus_1).abs()"),
