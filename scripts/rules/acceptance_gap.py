@@ -115,9 +115,11 @@ def plot(result: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for t, r in result["rates"].items():
         gap = [s - m for s, m in zip(r["spec"], r["stm"])]
-        ax.hist(gap, bins=40, range=(0, 0.5), histtype="step", label=f"T = {t}")
-    ax.set_xlabel("sum min(p, q) - sum p q at a position (acceptance given up by sample-then-match)")
-    ax.set_ylabel("positions")
+        ax.hist(gap, bins=50, range=(0, 1), histtype="step", label=f"T = {t}")
+    ax.set_xlabel("sum min(p, q) - sum p q: acceptance given up at a position")
+    ax.set_ylabel("positions (log scale)")
+    ax.set_yscale("log")
+    ax.set_title("sample-then-match against speculative sampling", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
