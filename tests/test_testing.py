@@ -72,6 +72,29 @@ def test_a_mistake_in_the_neutral_arguments_is_a_usage_error_before_any_check(kw
     assert "check_policy(Lenience):" not in capsys.readouterr().err  # no check started
 
 
+class NeedsAnOption(AcceptancePolicy):
+    def __init__(self, strength):
+        self.strength = strength
+
+    def decide(self, inp):
+        raise AssertionError("never reached: the factory cannot be called with no arguments")
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: check_cache(42), ["check_cache(42): not callable (int)", "a cache class"]),
+    (lambda: check_ragged_cache("RaggedKVCache"), ["check_ragged_cache('RaggedKVCache'): not callable (str)"]),
+    (lambda: check_policy(NeedsAnOption), ["check_policy(NeedsAnOption): calling it with no arguments failed",
+                                           "'strength'", "lambda: NeedsAnOption("]),
+])
+def test_a_factory_the_checks_cannot_call_is_one_line_before_any_check(call, words, capsys):
+    with pytest.raises(MinispecError) as err:
+        call()
+    message = str(err.value)
+    assert not isinstance(err.value, CheckFailed) and "\n" not in message
+    assert all(word in message for word in words), message
+    assert "FAILED" not in capsys.readouterr().err  # no check started
+
+
 # ------------------------------------------------------------- a user's policy, right and wrong
 
 class MySampling(AcceptancePolicy):

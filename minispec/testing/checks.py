@@ -86,8 +86,15 @@ def check_settings() -> settings:
 # --------------------------------------------------------------------------------- caches
 
 
+def require_factory(check: str, factory, expected: str) -> None:
+    """MinispecError (one line, naming the check and what it got) unless `factory` can be called."""
+    if not callable(factory):
+        raise MinispecError(f"{check}({factory!r}): not callable ({type(factory).__name__}); expected {expected}")
+
+
 def check_cache(cache_factory=KVCache, *, max_len: int = 40, progress: bool = True) -> None:
     """Run the append / verify-chunk / truncate state machine against `cache_factory`."""
+    require_factory("check_cache", cache_factory, "a cache class (KVCache's constructor) or a function that makes one")
     machine = make_cache_machine(cache_factory, max_len)
     name = getattr(cache_factory, "__name__", repr(cache_factory))
     _run(f"check_cache({name}): cache validity under appends and rollbacks",
@@ -98,6 +105,9 @@ def check_cache(cache_factory=KVCache, *, max_len: int = 40, progress: bool = Tr
 def check_ragged_cache(cache_factory=None, *, batch_size: int = 3, max_len: int = 40, progress: bool = True) -> None:
     """Run the ragged append / per-row rollback / rows-leave state machine against `cache_factory`
     (default minispec.batch.ragged_cache.RaggedKVCache): every row must behave as a cache of its own."""
+    if cache_factory is not None:
+        require_factory("check_ragged_cache", cache_factory,
+                        "a batch cache class (RaggedKVCache's constructor) or a function that makes one")
     machine = make_ragged_cache_machine(cache_factory, batch_size, max_len)
     name = getattr(cache_factory, "__name__", "RaggedKVCache") if cache_factory is not None else "RaggedKVCache"
     _run(f"check_ragged_cache({name}): every row equals a single cache under ragged appends and rollbacks",
@@ -191,7 +201,12 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
         raise MinispecError(f"check_policy({policy_factory!r}): expected a callable that returns a new policy, "
                             "e.g. check_policy(MyPolicy) or check_policy(lambda: acceptance.get('exact')), not a "
                             "name or an instance (each check needs fresh policies)")
-    policy = policy_factory()
+    try:
+        policy = policy_factory()
+    except TypeError as err:  # a constructor that needs arguments: the checks build fresh policies with none
+        name = getattr(policy_factory, "__name__", repr(policy_factory))
+        raise MinispecError(f"check_policy({name}): calling it with no arguments failed ({err}); expected a "
+                            f"zero-argument factory, e.g. check_policy(lambda: {name}(...your options...))") from None
     if not isinstance(policy, AcceptancePolicy):
         raise MinispecError(f"check_policy: policy_factory() returned {type(policy).__name__}; expected an "
                             "AcceptancePolicy (a subclass of minispec.acceptance.AcceptancePolicy)")
