@@ -456,6 +456,8 @@ ROWS: list[Row] = [
     cli("fly-flags-without-draft", f"{G} --fly-entropy-top-k 2", 2, "--fly-entropy-top-k", "--draft"),
     api("policy-lenience-beta-nan", "acceptance.get('lenience', beta=float('nan'))", MinispecError, "lenience beta"),
     api("policy-fly-window-float", "acceptance.get('fly', window_size=2.5)", MinispecError, "fly window_size"),
+    api("policy-bool-option-as-text", "acceptance.get('dropmatch', or_base='no')", MinispecError,
+        "dropmatch or_base", "expected a bool"),
     cli("tree-runs", f"{G} --draft ngram --tree 8 --json", 0, check=check_finished,
         note="a tree of n-gram candidates"),
     api("generate-tree-without-draft", "generate(model, [1, 2], max_new_tokens=2, tree=8)", MinispecError, "tree",

@@ -183,12 +183,26 @@ def get(policy: str | AcceptancePolicy, **kwargs) -> AcceptancePolicy:
     if not isinstance(policy, str) or policy not in _REGISTRY:
         raise MinispecError(f"policy = {policy!r}: unknown acceptance policy; expected one of {available()}")
     cls = _REGISTRY[policy]
-    options = list(constructor_options(policy))
+    options = constructor_options(policy)  # name -> the type it takes
     unknown = sorted(set(kwargs) - set(options))
     if unknown:
-        expected = f"its options are {options}" if options else "it takes no options"
+        expected = f"its options are {list(options)}" if options else "it takes no options"
         raise MinispecError(f"policy {policy!r}: unknown option(s) {unknown}; {expected}")
+    for key, value in kwargs.items():
+        check_option_type(policy, key, value, options[key])
     return cls(**kwargs)
+
+
+def check_option_type(policy: str, key: str, value, kind: type | None) -> None:
+    """MinispecError unless `value` is of the type the option takes: a bool for a bool option (not
+    'no' or 1), an int (not a bool) for an int, a real number for a float, a str for a str; an
+    option whose type neither default nor annotation says is left to the constructor. None passes
+    where the default is None (the option is then optional)."""
+    ok = {bool: lambda v: isinstance(v, bool), int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: is_number, str: lambda v: isinstance(v, str)}
+    if kind is None or value is None or ok[kind](value):
+        return
+    raise MinispecError(f"{policy} {key} = {value!r}; expected {'an' if kind is int else 'a'} {kind.__name__}")
 
 
 def constructor_options(policy: str) -> dict[str, type | None]:
