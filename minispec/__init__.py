@@ -9,7 +9,8 @@ Chapter 1, the chain (chain/): draft, verify gamma+1 rows in one pass, decide, r
   chain/drafters.py       the drafter interface and its kinds; draft_length.py: how many to draft
   acceptance/             base.py: what a policy sees and returns; one rule per file: exact.py,
                           sampling.py, block.py (and traversal's chain form), typical.py, lenience.py,
-                          fly.py, dropmatch/ (rule.py: Algorithm 1 as written; lazy.py: its shortcuts)
+                          fly.py, ensemble.py, kl_judge.py, dropmatch/ (rule.py: Algorithm 1 as written;
+                          lazy.py: its shortcuts); distortion/: how far each rule's output is from p
   model/                  transformer.py and kv_cache.py (the cache that rolls back), config.py,
                           memory.py (every size checked before it is allocated), sampling.py (p and q)
 Chapter 2, trees (trees/, after chapter 1): one pass scores every branch

@@ -4,8 +4,8 @@ written here outside the package, and on broken variants that it must catch read
 import pytest
 import torch
 
-from minispec.acceptance import (AcceptancePolicy, BlockVerification, Decision, ExactMatch, FLy, Lenience,
-                                 SpeculativeSampling, TraversalVerification, TypicalAcceptance)
+from minispec.acceptance import (AcceptancePolicy, BlockVerification, Decision, ExactMatch, FLy, KLJudge, Lenience,
+                                 SpeculativeSampling, StaticEnsemble, TraversalVerification, TypicalAcceptance)
 from minispec.acceptance.base import first_rejection
 from minispec.model.kv_cache import KVCache
 from minispec.batch.ragged_cache import RaggedKVCache
@@ -45,6 +45,15 @@ def test_lenience_is_sampling_at_its_neutral_beta_at_every_temperature():
 def test_fly_is_its_base_at_its_neutral_threshold_at_every_temperature():
     # the base is exact at T = 0 and sampling at T > 0, which at T = 0 emits exact's tokens
     check_policy(FLy, neutral={"entropy_threshold": float("inf")}, base="sampling", neutral_temperatures=(0.0, 1.0))
+
+
+def test_the_static_ensemble_is_sampling_at_weight_one_at_every_temperature():
+    check_policy(StaticEnsemble, neutral={"weight": 1.0}, base="sampling", neutral_temperatures=(0.0, 1.0))
+
+
+def test_the_kl_judge_is_its_base_at_threshold_zero_at_every_temperature():
+    # the base is exact at T = 0 and sampling at T > 0, which at T = 0 emits exact's tokens
+    check_policy(KLJudge, neutral={"threshold": 0.0}, base="sampling", neutral_temperatures=(0.0, 1.0))
 
 
 def test_typical_passes_the_generic_checks():

@@ -13,6 +13,10 @@
                                    norm(max(0, p - beta q)) (Leviathan et al.); beta = 1 is sampling
     fly             no             the base (exact / sampling), plus a rejected d_i accepted where the target's
                                    top-k entropy >= theta and the next W drafts pass the base (FLy)
+    ensemble        no             sampling against v = (1 - w) q + w p (DIVERSED's static ensemble): the output
+                                   follows v exactly; w = 1 is sampling
+    kl-judge        no             the base (exact / sampling), plus a rejected d_i kept where KL(target || draft)
+                                   < threshold and the target's top probability <= confidence (judge decoding)
     dropmatch       no             K dropout paths through the LM head: JS radius test, else majority vote,
                                    OR-ed with the base (exact at T = 0, sampling at T > 0); Algorithm 1 as written
     dropmatch-lazy  no             dropmatch's decisions, by exact shortcuts: paths only where a verdict is
@@ -28,8 +32,10 @@ from minispec.acceptance.base import (AcceptancePolicy, Decision, PolicyInputErr
 from minispec.acceptance.block import BlockVerification, TraversalVerification
 from minispec.acceptance.dropmatch.rule import DropMatch
 from minispec.acceptance.dropmatch.lazy import LazyDropMatch
+from minispec.acceptance.ensemble import StaticEnsemble
 from minispec.acceptance.exact import ExactMatch
 from minispec.acceptance.fly import FLy
+from minispec.acceptance.kl_judge import KLJudge
 from minispec.acceptance.lenience import Lenience
 from minispec.acceptance.sampling import SpeculativeSampling
 from minispec.acceptance.typical import TypicalAcceptance
@@ -41,5 +47,5 @@ __all__ = [
     "AcceptancePolicy", "VerifyInput", "Decision", "PolicyInputError", "register", "get", "available",
     "check_input", "first_rejection",
     "ExactMatch", "SpeculativeSampling", "BlockVerification", "TraversalVerification", "TypicalAcceptance",
-    "Lenience", "FLy", "DropMatch", "LazyDropMatch",
+    "Lenience", "FLy", "StaticEnsemble", "KLJudge", "DropMatch", "LazyDropMatch",
 ]

@@ -1,0 +1,148 @@
+"""How far a rule's output is from the target's, measured per position during a real run.
+
+For each position a rule judged in a verify step (rows 0..num_accepted: the accepted drafts, then
+the rejected position or the bonus row), forms.py gives the distribution pi the rule emits
+there; its distance from the target's p at that position is
+
+    TV(pi, p) = 1/2 sum_y |pi(y) - p(y)|              in [0, 1]
+    KL(p || pi) = sum_y p(y) ln(p(y) / pi(y))          nats; infinite where pi misses p's support
+
+A lossless rule has pi = p, so both are 0 up to float64 rounding (tested). At T = 0, p is the
+target's one-hot argmax and TV is the probability that the rule emits another token there.
+The three kinds of form give three kinds of figure:
+
+    exact         TV and KL computed
+    bound         FLy: TV <= sum_x q(x) (a_upper(x) - a_base(x)) (forms.py); no KL
+    monte-carlo   DropMatch: TV and KL of the mean over M mask draws; its error is the standard
+                  deviation of TV over B bootstrap resamples of the draws
+
+Per-position distortion is what the rule does to one token given its context; a sequence's
+distortion compounds over its positions and is not measured here.
+
+`DistortionMeter(policy)` is an AcceptancePolicy that hands every decision to `policy` unchanged
+and records each judged position's figures; `summary()` gives their mean and 95th percentile.
+The meter draws DropMatch's extra masks from its own generator, so the run's tokens are the ones
+the policy alone would give (tested). It measures chains (the chain and batch loops); a tree
+walk is looked up by the policy's class and does not see the meter.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput
+from minispec.acceptance.distortion.forms import (LOSSLESS_BY_THEOREM, Form, FormContext, NotCovered, form_of,
+                                                  rows)
+
+F64 = torch.float64
+METER_STREAM = 0x5DEECE66D  # keeps the meter's mask draws apart from every other stream
+
+
+def total_variation(pi: torch.Tensor, p: torch.Tensor) -> float:
+    """TV = 1/2 sum |pi - p| over the last dim, float64."""
+    return 0.5 * float((pi.to(F64) - p.to(F64)).abs().sum())
+
+
+def kl_from_target(p: torch.Tensor, pi: torch.Tensor) -> float:
+    """KL(p || pi) = sum p ln(p / pi), 0 ln 0 = 0; inf where pi = 0 < p. Round-off below 0 is clamped."""
+    p, pi = p.to(F64), pi.to(F64)
+    if bool(((pi <= 0) & (p > 0)).any()):
+        return math.inf
+    return max(0.0, float((torch.xlogy(p, p) - torch.xlogy(p, pi)).sum()))
+
+
+def output_distribution(form: Form, q_row: torch.Tensor, accept: torch.Tensor | None = None) -> torch.Tensor:
+    """pi = q . a + (1 - sum q a) r: [V] float64 (accept defaults to the form's)."""
+    kept = q_row.to(F64) * (form.accept if accept is None else accept)  # [V]
+    return kept + (1 - kept.sum()) * form.residual
+
+
+@dataclass
+class PositionDistortion:
+    tv: float  # TV(pi, p), or its upper bound (kind "bound")
+    kl: float  # KL(p || pi); nan where not measured (kind "bound")
+    kind: str  # "exact", "bound", "monte-carlo" or "lossless" (block, traversal: by theorem)
+    tv_error: float = 0.0  # Monte Carlo: the bootstrap standard deviation of tv
+
+
+def position_distortion(policy: AcceptancePolicy, inp: VerifyInput, row: int, context: FormContext,
+                        bootstrap: int = 50) -> PositionDistortion:
+    """The rule's distortion at `row` of this verify step (0..gamma; gamma: the bonus row)."""
+    if isinstance(policy, LOSSLESS_BY_THEOREM):
+        return PositionDistortion(0.0, 0.0, "lossless")
+    form = form_of(policy, inp, row, context)
+    p_row, q_row = rows(inp, row)
+    if form.kind == "bound":
+        extra = float((q_row * (form.accept - form.base_accept)).sum())
+        return PositionDistortion(min(1.0, max(0.0, extra)), math.nan, "bound")
+    pi = output_distribution(form, q_row)
+    tv, kl = total_variation(pi, p_row), kl_from_target(p_row, pi)
+    if form.kind != "monte-carlo":
+        return PositionDistortion(tv, kl, form.kind)
+    draws = form.draws.shape[0]
+    resampled = []
+    for _ in range(bootstrap):
+        pick = torch.randint(draws, (draws,), generator=context.generator)
+        resampled.append(total_variation(output_distribution(form, q_row, form.draws[pick].mean(dim=0)), p_row))
+    return PositionDistortion(tv, kl, "monte-carlo", float(torch.tensor(resampled, dtype=F64).std()))
+
+
+class DistortionMeter(AcceptancePolicy):
+    """`policy`'s decisions, unchanged, with the distortion of every judged position recorded.
+
+    draws: DropMatch's mask draws per position (Monte Carlo forms); seed: the meter's own stream.
+    records: one PositionDistortion per judged position, in order; uncovered: positions whose
+    rule has no form (counted, not guessed).
+    """
+
+    def __init__(self, policy: AcceptancePolicy, draws: int = 16, seed: int = 0) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.lossless = policy.lossless
+        self.draws = draws
+        self.records: list[PositionDistortion] = []
+        self.uncovered = 0
+        self._context = FormContext(torch.Generator().manual_seed(seed ^ METER_STREAM), draws)
+
+    def reset(self, seed: int | None = None) -> None:
+        self.policy.reset(seed)
+
+    def check_sizes(self, rows: int, vocab_size: int, hidden_size: int, device: torch.device) -> None:
+        self.policy.check_sizes(rows, vocab_size, hidden_size, device)
+
+    def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        return self.policy.extra_head_rows(hidden)
+
+    def decide(self, inp: VerifyInput) -> Decision:
+        decision = self.policy(inp)
+        for row in range(decision.num_accepted + 1):
+            try:
+                self.records.append(position_distortion(self.policy, inp, row, self._context))
+            except NotCovered:
+                self.uncovered += 1
+        return decision
+
+    def summary(self) -> dict:
+        """mean and 95th percentile of TV over the judged positions, mean KL over those with a finite
+        one (and the share infinite), the kind of figure, positions measured and not covered."""
+        return summarise(self.records, self.uncovered)
+
+
+def summarise(records: list[PositionDistortion], uncovered: int = 0) -> dict:
+    if not records:
+        return {"positions": 0, "uncovered": uncovered}
+    tv = torch.tensor([r.tv for r in records], dtype=F64)
+    kl = [r.kl for r in records if not math.isnan(r.kl)]
+    finite = [k for k in kl if math.isfinite(k)]
+    errors = [r.tv_error for r in records]
+    return {
+        "positions": len(records), "uncovered": uncovered, "kind": "/".join(sorted({r.kind for r in records})),
+        "tv_mean": float(tv.mean()), "tv_p95": float(torch.quantile(tv, 0.95)),
+        # the mean's Monte Carlo error: independent per-position errors, sqrt(sum e^2) / n
+        "tv_mean_error": math.sqrt(sum(e * e for e in errors)) / len(records),
+        "kl_mean": sum(finite) / len(finite) if finite else math.nan,
+        "kl_infinite_share": (len(kl) - len(finite)) / len(kl) if kl else math.nan,
+    }
