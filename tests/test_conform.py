@@ -59,6 +59,13 @@ def test_transformers_sampler_and_its_ensemble_weight():
     assert mixed == {"claimed_distribution": "pass", "accepted_length": "pass", "zero_probability": "FAIL"}
 
 
+def test_minispec_static_ensemble_keeps_its_own_claim():
+    """The same claim as transformers' ensemble weight, on minispec's policy: (1 - w) q + w p."""
+    got = statuses(conform(minispec_engine("ensemble", weight=0.3), QUICK,
+                           only=("claimed_distribution", "zero_probability")))
+    assert got == {"claimed_distribution": "pass", "zero_probability": "FAIL"}
+
+
 @pytest.mark.parametrize("plant", __import__("minispec.testing.conform.planted", fromlist=["PLANTS"]).PLANTS,
                          ids=lambda plant: plant.name)
 def test_each_planted_bug_class_is_caught_by_its_invariant(plant):

@@ -36,6 +36,8 @@ POLICY_CLAIMS = {
     "typical": dict(claims=None, accepts=None, greedy=False, note="lossy at T = 0 too; states no output distribution"),
     "lenience": dict(claims=None, accepts=None, greedy=False, note="lossy; states no output distribution"),
     "fly": dict(claims=None, accepts=None, greedy=False, note="lossy at T = 0 too; states no output distribution"),
+    "kl-judge": dict(claims=None, accepts=None, greedy=False, note="lossy at T = 0 too; states no output distribution"),
+    # "ensemble" claims (1 - w) q + w p, with w from its options: minispec_engine fills it in
 }
 NEEDS_THE_HEAD = {"dropmatch", "dropmatch-lazy"}  # they re-run the LM head: not a function of the step's tensors
 
@@ -54,8 +56,13 @@ def minispec_engine(name: str, **options) -> Engine:
         return StepOutput(decision.num_accepted, decision.next_token)
 
     label = name + "".join(f":{k}={v}" for k, v in options.items())
+    stance = POLICY_CLAIMS.get(name, dict(claims=None, accepts=None))
+    if name == "ensemble":
+        weight = policy_class(**options).weight
+        stance = dict(claims=ensemble(weight), accepts=None, greedy=weight == 1.0,
+                      note="claims (1 - w) q + w p; lossy at T = 0 unless w = 1")
     return Engine(f"minispec {label}", step, batch_step=lambda inputs: [step(i) for i in inputs],
-                  options=options, **POLICY_CLAIMS.get(name, dict(claims=None, accepts=None)))
+                  options=options, **stance)
 
 
 def transformers_sampler():
