@@ -153,11 +153,12 @@ def test_the_meter_changes_no_token_and_measures_every_judged_position(name, opt
     metered = generate(target, [1, 2, 3], policy=meter, **run)
     assert metered.tokens == plain.tokens
     assert metered.stats["accepted_length_histogram"] == plain.stats["accepted_length_histogram"]
+    histogram = plain.stats["accepted_length_histogram"]  # steps by num_accepted
+    judged = sum((n + 1) * steps for n, steps in enumerate(histogram))  # rows 0..num_accepted of each step
+    judged += plain.stats["no_draft_steps"]  # a step with nothing drafted: the policy draws its bonus row only
     summary = meter.summary()
-    steps = sum(plain.stats["accepted_length_histogram"].values()) if isinstance(
-        plain.stats["accepted_length_histogram"], dict) else sum(plain.stats["accepted_length_histogram"])
-    assert summary["positions"] + summary["uncovered"] >= steps  # at least one judged position per step
-    assert 0 <= summary["tv_mean"] <= summary["tv_p95"] + 1e-12 or summary["tv_mean"] <= 1
+    assert summary["positions"] + summary["uncovered"] == judged
+    assert 0 <= summary["tv_mean"] <= 1 and 0 <= summary["tv_p95"] <= 1
 
 
 def test_dropmatch_monte_carlo_error_shrinks_with_draws():
@@ -168,3 +169,29 @@ def test_dropmatch_monte_carlo_error_shrinks_with_draws():
     assert few.kind == many.kind == "monte-carlo"
     assert many.tv_error < few.tv_error
     assert abs(few.tv - many.tv) <= 4 * few.tv_error + 1e-12
+
+
+def test_the_distances_by_hand():
+    """p = (0.5, 0.5), pi = (0.9, 0.1): TV 0.4; KL(p || pi) = 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.5108
+    (KL(pi || p) would be 0.3681); pi = 0 where p > 0 is infinite; p's zeros cost nothing."""
+    from minispec.acceptance.distortion import kl_from_target
+    p, pi = torch.tensor([0.5, 0.5], dtype=F64), torch.tensor([0.9, 0.1], dtype=F64)
+    assert total_variation(pi, p) == pytest.approx(0.4, abs=1e-15)
+    assert kl_from_target(p, pi) == pytest.approx(0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(5.0), abs=1e-15)
+    assert kl_from_target(p, torch.tensor([1.0, 0.0], dtype=F64)) == math.inf
+    assert kl_from_target(torch.tensor([1.0, 0.0], dtype=F64), p) == pytest.approx(math.log(2), abs=1e-15)
+
+
+def test_in_a_batch_the_meter_changes_no_token_and_every_row_records_into_it():
+    from minispec.batch.speculative import generate_batch
+    cfg = tiny_config(vocab_size=12, num_layers=1)
+    target, draft = random_model(cfg, 3, scale=3.0), random_model(cfg, 4, scale=3.0)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    run = dict(max_new_tokens=10, draft=draft, gamma=3, temperature=1.0, seed=2, eos_token_ids=[])
+    plain = generate_batch(target, prompts, policy=acceptance.get("typical"), **run)
+    meter = DistortionMeter(acceptance.get("typical"))
+    metered = generate_batch(target, prompts, policy=meter, **run)
+    assert [r.tokens for r in metered] == [r.tokens for r in plain]
+    judged = sum(sum((n + 1) * k for n, k in enumerate(r.stats["accepted_length_histogram"])) + r.stats["no_draft_steps"]
+                 for r in plain)
+    assert meter.summary()["positions"] == judged

@@ -123,3 +123,16 @@ def test_a_bad_option_is_one_line_naming_it(option, value):
         KLJudge(**{option: value})
     with pytest.raises(MinispecError, match=f"kl-judge {option}"):
         get("kl-judge", **{option: value})
+
+
+def test_a_token_the_target_rules_out_is_never_judged():
+    """T = 1 with p(d) = 0 (what top-k or top-p leave): KL(p || q) is finite and small, the target unsure,
+    yet d is not kept; the next token, drawn from max(0, p - q), is never d."""
+    from minispec.model.sampling import SamplingParams
+    p_target = torch.tensor([[0.0, 0.5, 0.5], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
+    q_draft = torch.tensor([[0.02, 0.49, 0.49]], dtype=torch.float64)
+    for seed in range(20):
+        inp = VerifyInput(torch.tensor([0]), q_draft, p_target.log(), p_target, SamplingParams(1.0),
+                          torch.Generator().manual_seed(seed), None)
+        decision = KLJudge(threshold=1.0, confidence=1.0)(inp)
+        assert decision.num_accepted == 0 and decision.next_token != 0

@@ -3,7 +3,7 @@
     python scripts/rules/bench_policies.py [--quick] [--out DIR] [--sets ...] [--policies ...] [--drafters ...]
 
 Plain decoding and every acceptance policy (exact, sampling, block, typical, lenience:BETA, fly:W,
-DropMatch by criterion; lenience at T = 0 is exact match, and its row there shows it) with each drafter and draft length gamma, on Spec-Bench (by category), GSM8K and HumanEval, at
+ensemble:W, kl-judge:NATS, DropMatch by criterion; lenience at T = 0 is exact match, and its row there shows it) with each drafter and draft length gamma, on Spec-Bench (by category), GSM8K and HumanEval, at
 temperature 0 and at temperature 1 (seeded), next to transformers' plain `generate` and its
 prompt-lookup assisted generation. Pipeline, in the order of this file:
 
@@ -38,6 +38,14 @@ What each number means
                  equals the clean argmax (the paper's Table 2). "loop": from the runs' stats
                  (policy_info heads_agree / positions) at T = 0; "direct": along plain greedy
                  outputs, with the share of positions by number of distinct head tokens.
+  TV, KL         distortion (minispec.acceptance.distortion): at every position a rule judged, the
+                 distance of the distribution it emits there from the target's p (after temperature;
+                 one-hot at T = 0): TV mean and 95th percentile over the positions, pooled over prompts,
+                 and the mean KL(p || pi) over the positions where it is finite ("inf x%": the share
+                 where the rule gives one of p's tokens no mass). Exact for the closed-form rules; "<="
+                 an upper bound (FLy); "+-" the Monte Carlo error of DropMatch's (--distortion-draws
+                 mask draws per position); 0 by theorem for block. The meter's own time is taken out
+                 of every timing.
   vs base        DropMatch rows against its base policy at the same drafter, gamma, temperature
                  and prompts: exact at T = 0, speculative sampling at T > 0 (DropMatch is an OR
                  on that base): relative tau, speed-up ratio, differences in quality.
@@ -71,13 +79,15 @@ from benchlib import fmt, md_table, mean, median, ratio
 import torch  # noqa: E402
 
 from minispec import acceptance  # noqa: E402
+from minispec.acceptance.distortion import DistortionMeter, PositionDistortion  # noqa: E402
+from minispec.acceptance.distortion import summarise as summarise_distortion  # noqa: E402
 from minispec.cli import ranged, run_main  # noqa: E402
 
 PROG = "bench_policies"
 ALL_SETS = benchlib.SPEC_BENCH_SETS + ("gsm8k", "humaneval")
 SET_ALIASES = {"spec_bench": benchlib.SPEC_BENCH_SETS, "all": ALL_SETS}
 BASE_POLICIES = ("exact", "sampling", "block", "typical")
-VALUED_POLICIES = {"lenience": "beta", "fly": "window_size"}  # lenience:BETA, fly:W
+VALUED_POLICIES = {"lenience": "beta", "fly": "window_size", "ensemble": "weight", "kl-judge": "threshold"}
 DROPMATCH_CRITERIA = ("js_or_majority", "js", "majority", "naive")
 DROPMATCH_DEFAULT_CRITERIA = ("js_or_majority", "majority", "naive")
 
@@ -129,8 +139,8 @@ def make_policy(config: Config, args: Args) -> acceptance.AcceptancePolicy:
     if config.policy == "dropmatch":  # the plain version: its stats count heads_agree at every position
         return acceptance.get("dropmatch", p=args.dropout_p, paths=args.paths, criterion=config.criterion,
                               seed=args.seed)
-    if config.policy in VALUED_POLICIES:  # lenience / fly: the value rides in `criterion`
-        value = float(config.criterion) if config.policy == "lenience" else int(config.criterion)
+    if config.policy in VALUED_POLICIES:  # lenience / fly / ensemble / kl-judge: the value rides in `criterion`
+        value = int(config.criterion) if config.policy == "fly" else float(config.criterion)
         return acceptance.get(config.policy, **{VALUED_POLICIES[config.policy]: value})
     return acceptance.get(config.policy)
 
@@ -165,13 +175,19 @@ def run_one(rt: Runtime, args: Args, config: Config, prompt: benchlib.Prompt, te
     from minispec.chain.speculative import generate_chain as generate
 
     draft = None if config.drafter is None else rt.drafters[config.drafter]
-    policy = "exact" if config.policy is None else make_policy(config, args)
-    result = generate(rt.model, prompt.ids, max_new_tokens=max_new_tokens, draft=draft, policy=policy,
+    meter = None if config.policy is None else DistortionMeter(make_policy(config, args), draws=args.distortion_draws,
+                                                               seed=args.seed)
+    result = generate(rt.model, prompt.ids, max_new_tokens=max_new_tokens, draft=draft, policy=meter or "exact",
                       gamma=config.gamma or 1, temperature=temperature, seed=args.seed, eos_token_ids=eos)
-    s = result.stats
+    s = dict(result.stats)
+    if meter is not None:  # the meter's own time is not the rule's: out of every timing
+        for key in ("total_seconds", "policy_seconds"):
+            s[key] = max(0.0, s[key] - meter.seconds)
+        s["tokens_per_second"] = ratio(s["num_generated_tokens"], s["total_seconds"])
     phases = sum(s.get(f"{k}_seconds", 0.0) for k in ("draft", "verify", "policy"))
     info = s.get("policy_info") or {}
     return dict(
+        **(distortion_fields(meter) if meter is not None else {}),
         tokens=result.tokens, num_prompt_tokens=s["num_prompt_tokens"], num_generated_tokens=s["num_generated_tokens"],
         total_seconds=s["total_seconds"], prefill_seconds=s["prefill_seconds"], tokens_per_second=s["tokens_per_second"],
         tau=s["tau"], acceptance_rate=s.get("acceptance_rate"), verify_steps=s.get("verify_steps"),
@@ -181,6 +197,13 @@ def run_one(rt: Runtime, args: Args, config: Config, prompt: benchlib.Prompt, te
         policy_info=info, heads_all_agree=ratio(info.get("heads_agree"), info.get("positions")),
         accepted_by_dropmatch_only=info.get("accepted_by_dropmatch_only"),
     )
+
+
+def distortion_fields(meter: DistortionMeter) -> dict:
+    """The per-position figures a record keeps (rounded), so that groups pool positions, not prompts."""
+    return dict(distortion_tv=[round(r.tv, 7) for r in meter.records], distortion_kl=[r.kl for r in meter.records],
+                distortion_tv_error=[round(r.tv_error, 7) for r in meter.records],
+                distortion_kind="/".join(sorted({r.kind for r in meter.records})), distortion_uncovered=meter.uncovered)
 
 
 # -------------------------------------------------------------------------------------- quality
@@ -298,7 +321,14 @@ def summarise_group(group: list[dict]) -> dict:
     positions = sum((r.get("policy_info") or {}).get("positions", 0) for r in group)
     spec = any(r.get("verify_steps") is not None for r in group)
     gsm8k = [float(r["gsm8k_correct"]) for r in group if r.get("gsm8k_correct") is not None]
+    positions_measured = [PositionDistortion(tv, kl, r.get("distortion_kind", ""), error) for r in group
+                          for tv, kl, error in zip(r.get("distortion_tv", []), r.get("distortion_kl", []),
+                                                   r.get("distortion_tv_error", []))]
+    distortion = summarise_distortion(positions_measured) if positions_measured else {}
     return {
+        "tv_mean": distortion.get("tv_mean"), "tv_p95": distortion.get("tv_p95"),
+        "tv_mean_error": distortion.get("tv_mean_error"), "kl_mean": distortion.get("kl_mean"),
+        "kl_infinite_share": distortion.get("kl_infinite_share"), "distortion_kind": distortion.get("kind"),
         "prompts": len(group),
         "tau": (accepted + steps) / steps if steps else (1.0 if group[0].get("drafter") is None else None),
         "acceptance_rate": accepted / drafted if drafted else (0.0 if spec else None),
@@ -390,11 +420,11 @@ def _md_temperature(summary: list[dict], settings: dict, temperature: float) -> 
     rows = sorted((r for r in summary if r["set"] == "all" and r["temperature"] == temperature),
                   key=lambda r: order.get(r["label"], len(order)))
     parts = [f"## All sets pooled, temperature {temperature:g}\n", md_table(
-        ["config", "tau", "accept", "tok/s", "speed-up", "vs minispec plain", "policy share", "agree prefix",
-         "agree all", "NLL", "GSM8K acc"],
+        ["config", "tau", "accept", "tok/s", "speed-up", "vs minispec plain", "policy share", "TV mean", "TV p95",
+         "KL", "agree prefix", "agree all", "NLL", "GSM8K acc"],
         [[r["label"], fmt(r["tau"]), fmt(r["acceptance_rate"], ".0%"), fmt(r["tokens_per_second"], ".1f"),
           fmt(r["speedup"], ".2f", "x"), fmt(r["vs_minispec_plain"], ".2f", "x"), fmt(r["policy_share"], ".1%"),
-          fmt(r["agree_prefix"], ".0%"), fmt(r["agree_overall"], ".0%"), fmt(r["nll"], ".3f"),
+          *distortion_cells(r), fmt(r["agree_prefix"], ".0%"), fmt(r["agree_overall"], ".0%"), fmt(r["nll"], ".3f"),
           fmt(r["gsm8k_accuracy"], ".0%")] for r in rows]) + "\n"]
     sets = [s for s in settings["sets"] if any(r["set"] == s for r in summary)]
     for metric, title, suffix in (("tau", "tau", ""), ("speedup", "Speed-up", "x")):
@@ -404,6 +434,20 @@ def _md_temperature(summary: list[dict], settings: dict, temperature: float) -> 
                   md_table(["config"] + sets, [[label] + [fmt(value.get((s, label)), ".2f", suffix) for s in sets]
                                                for label in labels]) + "\n"]
     return parts
+
+
+def distortion_cells(row: dict) -> list[str]:
+    """TV mean, TV p95 and KL as the table shows them: "<=" for a bound, "+-" for a Monte Carlo error,
+    "inf x%" beside KL where some positions' KL is infinite; "-" where nothing was measured."""
+    if row.get("tv_mean") is None:
+        return ["-", "-", "-"]
+    kind = row.get("distortion_kind") or ""
+    prefix = "<=" if "bound" in kind else ""
+    error = f" +-{row['tv_mean_error']:.4f}" if "monte-carlo" in kind and row.get("tv_mean_error") else ""
+    kl = "-" if row.get("kl_mean") is None or math.isnan(row["kl_mean"]) else f"{row['kl_mean']:.4f}"
+    if row.get("kl_infinite_share"):
+        kl += f" (inf {row['kl_infinite_share']:.0%})"
+    return [f"{prefix}{row['tv_mean']:.4f}{error}", f"{prefix}{row['tv_p95']:.4f}", kl]
 
 
 def _md_dropmatch(result: dict, settings: dict) -> list[str]:
@@ -613,6 +657,7 @@ class Args:
     seed: int
     dropout_p: float
     paths: int
+    distortion_draws: int
     threads: int | None
     argv: tuple[str, ...]  # for the run record
 
@@ -634,6 +679,12 @@ def _expand_policy(name: str) -> tuple[str, ...] | None:
             return None
     if kind == "fly":
         return (name,) if value.isdigit() else None
+    if kind in ("ensemble", "kl-judge"):
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return (name,) if (0 <= number <= 1 if kind == "ensemble" else 0 <= number < math.inf) else None
     return (name,) if kind == "dropmatch" and value in DROPMATCH_CRITERIA else None
 
 
@@ -664,6 +715,7 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--policies", default="exact,sampling,typical,dropmatch",
                    type=benchlib.name_list("--policies", _expand_policy, "exact, sampling, block, typical, "
                                            "lenience:BETA (0 <= BETA <= 1), fly:W (window W below every gamma), "
+                                           "ensemble:W (0 <= W <= 1), kl-judge:NATS (a threshold >= 0), "
                                            f"dropmatch (= criteria {','.join(DROPMATCH_DEFAULT_CRITERIA)}) or "
                                            f"dropmatch:CRITERION with CRITERION in {','.join(DROPMATCH_CRITERIA)}"),
                    help="comma-separated; plain decoding always runs")
@@ -681,6 +733,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--dropout-p", type=ranged(float, "--dropout-p", lo=0, hi=1, hi_open=True), default=0.3,
                    help="DropMatch p")
     p.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch K")
+    p.add_argument("--distortion-draws", type=ranged(int, "--distortion-draws", lo=1, hi=1024), default=8,
+                   help="DropMatch's distortion: mask draws per judged position (Monte Carlo; its error is shown)")
     return p
 
 
@@ -701,7 +755,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
         sets=tuple(pick("sets")), policies=tuple(ns.policies), drafters=tuple(pick("drafters")),
         gammas=tuple(pick("gammas")),
         temperatures=tuple(sorted(pick("temperatures"))),  # 0 first: its plain run is the greedy reference
-        transformers=ns.transformers, seed=ns.seed, dropout_p=ns.dropout_p, paths=ns.paths, threads=ns.threads,
+        transformers=ns.transformers, seed=ns.seed, dropout_p=ns.dropout_p, paths=ns.paths,
+        distortion_draws=ns.distortion_draws, threads=ns.threads,
         argv=tuple(argv),
     )
 

@@ -22,13 +22,17 @@ distortion compounds over its positions and is not measured here.
 `DistortionMeter(policy)` is an AcceptancePolicy that hands every decision to `policy` unchanged
 and records each judged position's figures; `summary()` gives their mean and 95th percentile.
 The meter draws DropMatch's extra masks from its own generator, so the run's tokens are the ones
-the policy alone would give (tested). It measures chains (the chain and batch loops); a tree
-walk is looked up by the policy's class and does not see the meter.
+the policy alone would give (tested). It measures chains (the chain and batch loops: the batch
+loop copies the policy per row, and a copied meter records into its original's list); a tree
+walk is looked up by the policy's class and does not see the meter. `seconds` is the meter's own
+time, inside the loop's policy time: a benchmark takes it out of its timings.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -105,7 +109,18 @@ class DistortionMeter(AcceptancePolicy):
         self.draws = draws
         self.records: list[PositionDistortion] = []
         self.uncovered = 0
+        self.seconds = 0.0
+        self.seed = seed
+        self.copies = 0
         self._context = FormContext(torch.Generator().manual_seed(seed ^ METER_STREAM), draws)
+        self._original = self  # where a copy's records go
+
+    def __deepcopy__(self, memo: dict) -> "DistortionMeter":
+        """A copy of the policy (own state, as the batch loop wants) that records into this meter."""
+        self._original.copies += 1  # each copy its own mask stream, in the order the rows were copied
+        twin = DistortionMeter(copy.deepcopy(self.policy, memo), self.draws, self.seed + self._original.copies)
+        twin._original = self._original
+        return twin
 
     def reset(self, seed: int | None = None) -> None:
         self.policy.reset(seed)
@@ -118,11 +133,13 @@ class DistortionMeter(AcceptancePolicy):
 
     def decide(self, inp: VerifyInput) -> Decision:
         decision = self.policy(inp)
+        start, sink = time.perf_counter(), self._original
         for row in range(decision.num_accepted + 1):
             try:
-                self.records.append(position_distortion(self.policy, inp, row, self._context))
+                sink.records.append(position_distortion(self.policy, inp, row, self._context))
             except NotCovered:
-                self.uncovered += 1
+                sink.uncovered += 1
+        sink.seconds += time.perf_counter() - start
         return decision
 
     def summary(self) -> dict:
