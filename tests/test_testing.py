@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from minispec.acceptance import (AcceptancePolicy, BlockVerification, Decision, ExactMatch, FLy, KLJudge, Lenience,
+                                 MultiPathBlockVerification,
                                  SpeculativeSampling, StaticEnsemble, TraversalVerification, TypicalAcceptance)
 from minispec.acceptance.base import first_rejection
 from minispec.model.kv_cache import KVCache
@@ -36,6 +37,12 @@ def test_traversal_verification_passes_the_checks_of_a_lossless_policy():
     # On a chain its decide is block verification's (inherited), whose statistical checks run above;
     # the tree walk has its own exact and chi-square tests (tests/test_policy_traversal.py).
     check_policy(TraversalVerification, statistical=False)
+
+
+def test_multipath_passes_the_checks_of_a_lossless_policy():
+    # on a chain it is block verification, draw for draw (tests/test_policy_multipath.py), whose
+    # statistical checks run above; its tree form is checked exactly in that file
+    check_policy(MultiPathBlockVerification, statistical=False)
 
 
 def test_lenience_is_sampling_at_its_neutral_beta_at_every_temperature():

@@ -8,6 +8,8 @@
                                    never fewer accepted tokens in expectation than `sampling`
     traversal       yes (any T)    block verification's tree form (Weng et al.): leaf to root, whole sequences
                                    first; on a chain, block itself
+    multipath       yes (any T)    greedy multi-path block verification (after Thomas & Pal): block verification
+                                   path by path on a tree, the residual passed on; on a chain, block itself
     typical         no             accept d_i iff p(d_i) > min(eps, delta * exp(-H(p)))   (Medusa)
     lenience        no             sampling against beta q: accept d_i with prob. min(1, p/(beta q)); correct from
                                    norm(max(0, p - beta q)) (Leviathan et al.); beta = 1 is sampling
@@ -37,6 +39,7 @@ from minispec.acceptance.exact import ExactMatch
 from minispec.acceptance.fly import FLy
 from minispec.acceptance.kl_judge import KLJudge
 from minispec.acceptance.lenience import Lenience
+from minispec.acceptance.multipath import MultiPathBlockVerification
 from minispec.acceptance.sampling import SpeculativeSampling
 from minispec.acceptance.typical import TypicalAcceptance
 
@@ -46,6 +49,7 @@ __all__ = [
     "BUILT_IN",
     "AcceptancePolicy", "VerifyInput", "Decision", "PolicyInputError", "register", "get", "available",
     "check_input", "first_rejection",
-    "ExactMatch", "SpeculativeSampling", "BlockVerification", "TraversalVerification", "TypicalAcceptance",
+    "ExactMatch", "SpeculativeSampling", "BlockVerification", "TraversalVerification", "MultiPathBlockVerification",
+    "TypicalAcceptance",
     "Lenience", "FLy", "StaticEnsemble", "KLJudge", "DropMatch", "LazyDropMatch",
 ]
