@@ -2,7 +2,7 @@
 
     python scripts/rules/bench_tree_rules.py [--ckpt DIR|NAME] [--draft early-exit:24] [--sets mt_bench,gsm8k,humaneval]
                                        [--prompts-per-set 2] [--budget 16] [--branching 4,2,1] [--gamma 4]
-                                       [--rules sampling,traversal,typical,dropmatch:0.3] [--chain sampling,block]
+                                       [--rules sampling,traversal,multipath,block,typical,dropmatch:0.3] [--chain sampling,block]
                                        [--temperature 1] [--seeds 0,1] [--max-new-tokens 64]
 
 Per prompt and seed, every rule walks the same kind of tree (minispec.trees.speculative.generate_tree:
@@ -14,6 +14,11 @@ budget + 1. Rules with a tree walk (minispec.trees.walks.walk_names()):
     sampling      multi-draft speculative sampling (recursive rejection over siblings): lossless
     traversal     traversal verification (leaf to root, sequence-level): lossless, never fewer
                   accepted tokens in expectation on a chain
+    multipath     greedy multi-path block verification (block verification path by path, the
+                  residual passed on): lossless, never fewer accepted tokens than `block`
+    block         block verification of the tree's first path only, the other paths drafted and
+                  scored but ignored: block verification on the same multi-draft input and the
+                  same pass, the baseline multipath's gain is measured against (this script's rule)
     typical       Medusa's typical acceptance (lossy)
     dropmatch:P   DropMatch's tree rule (K = 5 heads at dropout p = P) OR-ed with sampling (lossy)
 
@@ -33,8 +38,9 @@ tree, temperature and length are skipped).
 
 from __future__ import annotations
 
-import sys
+import functools
 import json
+import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: benchlib, the harness every script shares
@@ -47,7 +53,7 @@ from minispec.cli import ranged  # noqa: E402
 from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "bench_tree_rules"
-TREE_RULES = ("sampling", "traversal", "typical", "dropmatch")
+TREE_RULES = ("sampling", "traversal", "multipath", "block", "typical", "dropmatch")
 CHAIN_RULES = ("sampling", "block", "typical", "dropmatch")
 BASE = "tree sampling"
 
@@ -88,12 +94,40 @@ def rows_of(args) -> list[dict]:
     return rows
 
 
+@functools.cache
+def first_path_block_class() -> type:
+    """A policy class whose tree walk is block verification of the tree's first path (the root's first
+    child, then first children down to a leaf); on a chain, block verification itself."""
+    from minispec.acceptance import BlockVerification
+    from minispec.trees.tree import DraftTree
+    from minispec.trees.walks import TreeDecision, children_by_row, multipath_walk, register_walk
+
+    class FirstPathBlock(BlockVerification):
+        pass
+
+    @register_walk(FirstPathBlock)
+    def walk(policy, inp) -> TreeDecision:
+        children, chain, node = children_by_row(inp.tree), [], -1
+        while children[node + 1]:
+            node = children[node + 1][0]
+            chain.append(node)
+        cut = DraftTree.chain([inp.tree.tokens[c] for c in chain], inp.tree.q_draft[chain])
+        rows = inp.p_target[[0] + [c + 1 for c in chain]]  # [L+1, V]: the root's row, then the path's
+        path, next_token = multipath_walk(cut, rows, inp.generator)  # on a chain: block verification
+        return TreeDecision([chain[i] for i in path], next_token)
+
+    return FirstPathBlock
+
+
 def decode(model, drafter, tree_drafter, row: dict, prompt, args, seed: int, eos: list[int]):
     from minispec import acceptance
     from minispec.chain.speculative import generate_chain as generate
     from minispec.trees.speculative import generate_tree
 
-    policy = acceptance.get(row["policy"], **row["options"])
+    if row["shape"] == "tree" and row["policy"] == "block":
+        policy = first_path_block_class()()
+    else:
+        policy = acceptance.get(row["policy"], **row["options"])
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=seed, eos_token_ids=eos,
                   policy=policy, gamma=args.gamma)
     if row["shape"] == "tree":
@@ -212,7 +246,8 @@ def main(argv=None) -> int:
                         help="children per node at depth 1, 2, ... (a static tree; if not given: 4,2,1 cut to --gamma)")
     parser.add_argument("--gamma", type=ranged(int, "--gamma", lo=1, hi=32), default=4,
                         help="tree depth, and the chains' draft length")
-    parser.add_argument("--rules", type=rule_list(TREE_RULES, "--rules"), default="sampling,traversal,typical,dropmatch:0.3",
+    parser.add_argument("--rules", type=rule_list(TREE_RULES, "--rules"),
+                        default="sampling,traversal,multipath,block,typical,dropmatch:0.3",
                         help=f"tree rules, comma-separated, among {', '.join(TREE_RULES)} (dropmatch:P); "
                              "tree sampling always runs: the base")
     parser.add_argument("--chain", type=rule_list(CHAIN_RULES, "--chain"), default="sampling,block",
