@@ -125,7 +125,9 @@ def test_tree_rule_names():
     assert bench_tree_rules.parse_rule("dropmatch:0.3", bench_tree_rules.TREE_RULES, "--rules") == (
         "dropmatch:0.3", "dropmatch", {"p": 0.3, "paths": 5})
     assert bench_tree_rules.parse_rule("traversal", bench_tree_rules.TREE_RULES, "--rules")[2] == {}
-    for bad in ("block", "dropmatch", "dropmatch:1", "dropmatch:x", "traversal:2", "fly"):
+    for name in ("multipath", "block"):  # block: the tree's first path (the script's baseline for multipath)
+        assert bench_tree_rules.parse_rule(name, bench_tree_rules.TREE_RULES, "--rules") == (name, name, {})
+    for bad in ("dropmatch", "dropmatch:1", "dropmatch:x", "traversal:2", "fly", "multipath:2"):
         with pytest.raises(MinispecError, match="--rules"):
             bench_tree_rules.parse_rule(bad, bench_tree_rules.TREE_RULES, "--rules")
     with pytest.raises(MinispecError, match="--chain 'traversal'"):
@@ -135,11 +137,12 @@ def test_tree_rule_names():
 def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
     subprocess.run([sys.executable, str(SCRIPTS / "rules" / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets", "rag",
                     "--prompts-per-set", "1", "--seeds", "0,1", "--budget", "4", "--gamma", "2", "--max-new-tokens", "6",
-                    "--rules", "traversal,dropmatch:0.3", "--chain", "block", "--threads", "1", "--out", str(tmp_path)],
+                    "--rules", "traversal,multipath,block,dropmatch:0.3", "--chain", "block", "--threads", "1", "--out", str(tmp_path)],
                    check=True, capture_output=True, text=True)
     result = json.loads((tmp_path / "bench_tree_rules.json").read_text())
-    assert result["labels"] == ["tree sampling", "tree traversal", "tree dropmatch:0.3", "chain block"]
-    assert len(result["records"]) == 4 * 2
+    assert result["labels"] == ["tree sampling", "tree traversal", "tree multipath", "tree block", "tree dropmatch:0.3",
+                                "chain block"]
+    assert len(result["records"]) == 6 * 2
     for r in result["records"]:
         assert 1 <= len(r["tokens"]) <= 6 and r["steps"] >= 1 and r["nll"] is not None
     rows = {r["label"]: r for r in bench_tree_rules.summarize(result)}
@@ -149,7 +152,7 @@ def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
         assert 1 <= row["tau"] <= 3 and 0 <= row["acceptance"] <= 1  # gamma 2: at most 2 drafts + 1 per step
     again = subprocess.run([sys.executable, str(SCRIPTS / "rules" / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets",
                             "rag", "--prompts-per-set", "1", "--seeds", "0,1", "--budget", "4", "--gamma", "2",
-                            "--max-new-tokens", "6", "--rules", "traversal,dropmatch:0.3", "--chain", "block",
+                            "--max-new-tokens", "6", "--rules", "traversal,multipath,block,dropmatch:0.3", "--chain", "block",
                             "--threads", "1", "--out", str(tmp_path)], check=True, capture_output=True, text=True)
     assert not re.search(r"seed \d  tau", again.stdout)  # resumed: no row decoded again
-    assert (tmp_path / "records.jsonl").read_text().count("\n") == 8
+    assert (tmp_path / "records.jsonl").read_text().count("\n") == 12
