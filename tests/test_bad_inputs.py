@@ -505,6 +505,11 @@ ROWS: list[Row] = [
         setup=TWO_PROMPTS),
     # ---- the weights command shares the exit path
     cli("weights-dest-is-a-file", f"--dest CKPT/{WEIGHTS}", 2, f"CKPT/{WEIGHTS}", module="minispec.weights"),
+    cli("weights-dest-link-to-nothing", "--dest CKPT/link", 2, "CKPT/link", "symbolic link", "does not exist",
+        module="minispec.weights", setup=Setup("link: a symbolic link to a folder that does not exist",
+                                               lambda folder: (folder / "link").symlink_to(folder / "gone")),
+        note="a link to a folder is converted into that folder, the link and its target's other files left "
+             "alone (tests/test_weights_faults.py)"),
     cli("weights-unknown-name", "qwen-nope", 2, "'qwen-nope': not a known checkpoint", "--list",
         module="minispec.weights"),
     cli("weights-list-with-name", "--list qwen2.5-coder-1.5b-instruct", 2, "--list", "NAME", module="minispec.weights"),

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import zipfile
+import numpy
 
 import numpy as np
 import pytest
@@ -115,25 +116,36 @@ def hf_reference_weights(seed: int = 0, lm_head: bool = False) -> dict[str, torc
     return {name: torch.randn(shape, generator=g) for name, shape in shapes.items()}
 
 
-def write_tiny_gguf(path, arch: str = "llama", lm_head: bool = False) -> dict[str, torch.Tensor]:
-    """Write the TINY model as llama.cpp would (q/k permuted for llama, Q8_0 embeddings); return the HF weights."""
+def write_tiny_gguf(path, arch: str = "llama", lm_head: bool = False, fields: dict | None = None,
+                    nan_scale: bool = False) -> dict[str, torch.Tensor]:
+    """Write the TINY model as llama.cpp would (q/k permuted for llama, Q8_0 embeddings); return the HF weights.
+
+    fields: metadata keys to set instead (a value) or leave out (None), "<arch>" standing for the
+    architecture; nan_scale: the embedding's first Q8_0 block scale is NaN."""
     hf = hf_reference_weights(lm_head=lm_head)
     to_gguf = {v: k for k, v in convert.GLOBAL_NAMES.items()} | {v: k for k, v in convert.BLOCK_NAMES.items()}
     writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in [("block_count", TINY["layers"]), ("embedding_length", TINY["hidden"]),
-                       ("feed_forward_length", TINY["ffn"]), ("attention.head_count", TINY["heads"]),
-                       ("attention.head_count_kv", TINY["kv_heads"]), ("context_length", 256)]:
-        writer.add_uint32(f"{arch}.{key}", value)
-    writer.add_float32(f"{arch}.rope.freq_base", 10000.0)
-    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    writer.add_string("tokenizer.ggml.model", "gpt2")
-    writer.add_string("tokenizer.ggml.pre", "smollm")
-    writer.add_array("tokenizer.ggml.tokens", TINY_TOKENS)
-    writer.add_array("tokenizer.ggml.token_type", [3, 3, 3] + [1] * (len(TINY_TOKENS) - 3))
-    writer.add_array("tokenizer.ggml.merges", ["a b", "Ġ a"])
-    for key, value in [("bos", 1), ("eos", 2), ("padding", 2)]:
-        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", value)
-    writer.add_string("tokenizer.chat_template", TINY_TEMPLATE)
+    metadata = {f"{arch}.{key}": value for key, value in [
+        ("block_count", TINY["layers"]), ("embedding_length", TINY["hidden"]), ("feed_forward_length", TINY["ffn"]),
+        ("attention.head_count", TINY["heads"]), ("attention.head_count_kv", TINY["kv_heads"]), ("context_length", 256),
+        ("rope.freq_base", 10000.0), ("attention.layer_norm_rms_epsilon", 1e-6)]}
+    metadata |= {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": TINY_TOKENS,
+                 "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(TINY_TOKENS) - 3),
+                 "tokenizer.ggml.merges": ["a b", "Ġ a"], "tokenizer.ggml.bos_token_id": 1,
+                 "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.padding_token_id": 2,
+                 "tokenizer.chat_template": TINY_TEMPLATE}
+    metadata |= {key.replace("<arch>", arch): value for key, value in (fields or {}).items()}
+    for key, value in metadata.items():
+        if value is None:
+            continue
+        if isinstance(value, list):
+            writer.add_array(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        else:
+            (writer.add_uint32 if value >= 0 else writer.add_int32)(key, value)
     expected = {}
     for name, w in hf.items():
         stem, _, suffix = name.removeprefix("model.").rpartition(".")
@@ -146,6 +158,8 @@ def write_tiny_gguf(path, arch: str = "llama", lm_head: bool = False) -> dict[st
             stored = llama_cpp_permute(w, TINY["kv_heads"])
         if gguf_stem == "token_embd":  # quantized, like the real file: expect what Q8_0 keeps
             q8 = gguf.quants.quantize(stored.numpy(), gguf.GGMLQuantizationType.Q8_0)
+            if nan_scale:  # a Q8_0 block: a float16 scale, then 32 int8 values
+                q8[0, :2] = numpy.frombuffer(numpy.float16(numpy.nan).tobytes(), dtype=numpy.uint8)
             writer.add_tensor(f"{gguf_stem}.{suffix}", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
             expected[name] = torch.from_numpy(gguf.quants.dequantize(q8, gguf.GGMLQuantizationType.Q8_0))
         else:
@@ -156,6 +170,42 @@ def write_tiny_gguf(path, arch: str = "llama", lm_head: bool = False) -> dict[st
     writer.write_tensors_to_file()
     writer.close()
     return expected
+
+
+MALFORMED = {  # what a damaged or foreign GGUF file's metadata can hold -> words the one line must name
+    "eos-past-the-vocabulary": ({"tokenizer.ggml.eos_token_id": 99}, "tokenizer.ggml.eos_token_id is 99"),
+    "negative-eos": ({"tokenizer.ggml.eos_token_id": -1}, "tokenizer.ggml.eos_token_id is -1"),
+    "more-types-than-tokens": ({"tokenizer.ggml.token_type": [3, 3, 3] + [1] * 20}, "token_type has 23 entries"),
+    "types-for-some-tokens": ({"tokenizer.ggml.token_type": [3, 3, 3]}, "token_type has 3 entries for 11"),
+    "head-count-as-text": ({"<arch>.attention.head_count": "4"}, "attention.head_count is '4'"),
+    "zero-heads": ({"<arch>.attention.head_count": 0}, "attention.head_count is 0"),
+    "zero-context": ({"<arch>.context_length": 0}, "context_length is 0"),
+    "kv-heads-not-a-divisor": ({"<arch>.attention.head_count_kv": 3}, "head_count_kv is 3"),
+    "negative-epsilon": ({"<arch>.attention.layer_norm_rms_epsilon": -1e-6}, "layer_norm_rms_epsilon"),
+    "infinite-rope-base": ({"<arch>.rope.freq_base": float("inf")}, "rope.freq_base is inf"),
+    "wrong-block-count": ({"<arch>.block_count": 3}, "block_count is 3 but the file has blk.0..blk.1"),
+    "vocabulary-not-the-embedding": ({"tokenizer.ggml.tokens": TINY_TOKENS + ["extra"],
+                                      "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(TINY_TOKENS) - 2)},
+                                     "tensor 'token_embd.weight' is [11, 32]; expected [12, 32]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_metadata_the_converter_cannot_trust_is_one_line_and_writes_nothing(tmp_path, case):
+    fields, words = MALFORMED[case]
+    write_tiny_gguf(tmp_path / "bad.gguf", fields=fields)
+    with pytest.raises(CheckpointError) as caught:
+        convert_gguf(tmp_path / "bad.gguf", tmp_path / "out")
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'bad.gguf'}: ") and words in message and "\n" not in message, message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_nan_block_scale_is_one_line_naming_the_tensor_and_writes_nothing(tmp_path):
+    write_tiny_gguf(tmp_path / "bad.gguf", nan_scale=True)
+    with pytest.raises(CheckpointError, match=r"bad.gguf: tensor token_embd.weight holds NaN or infinite values"):
+        convert_gguf(tmp_path / "bad.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture
@@ -265,7 +315,7 @@ def test_ensure_is_idempotent(offline_fetch, tmp_path):
 
 
 def test_failed_conversion_leaves_nothing_behind(offline_fetch, tmp_path, monkeypatch):
-    def half_write_then_fail(path, plan, dtype, progress=None):
+    def half_write_then_fail(path, plan, dtype, progress=None, gguf_path=None):
         with open(path, "wb") as f:
             f.write(b"partial")
         raise OSError("disk full")
@@ -297,7 +347,7 @@ def fail_writing(monkeypatch, failing: str) -> None:
     if failing == "model.safetensors":
         real = convert.write_safetensors
 
-        def write_then_fill(path, plan, dtype, progress=None):
+        def write_then_fill(path, plan, dtype, progress=None, gguf_path=None):
             real(path, plan[: len(plan) // 2], dtype, progress)  # half the tensors land, then the disk is full
             raise ENOSPC
 
@@ -377,8 +427,8 @@ def test_too_little_room_is_one_line_before_anything_is_written(offline_fetch, t
     if stage == "weights":
         real_plan = convert.plan_tensors
         monkeypatch.setattr(convert, "plan_tensors", lambda reader, meta: [
-            convert.PlannedTensor(t.name, (2**28,) if i == 0 else t.shape, t.source, t.unpermute_heads)
-            for i, t in enumerate(real_plan(reader, meta))])
+            convert.PlannedTensor(t.name, (2**28,) if t.name == "model.norm.weight" else t.shape, t.source,
+                                  t.unpermute_heads) for t in real_plan(reader, meta)])
     dest = tmp_path / "ckpt"
     with pytest.raises(CheckpointError) as caught:
         ensure_default_checkpoint(dest, quiet=True)

@@ -238,3 +238,28 @@ def test_unwritable_destination_fails_before_any_download(offline, tmp_path, mon
     with pytest.raises(CheckpointError, match=rf"^{read_only}: cannot write there \(Permission denied\); expected"):
         ensure_default_checkpoint(read_only / "ckpt", quiet=True)
     assert offline == [] and list(read_only.iterdir()) == []
+
+
+def test_force_through_a_symbolic_link_converts_the_folder_it_points_to_and_moves_nothing_out(tiny, offline, tmp_path):
+    """DEST a link to a folder of the user's: --force converts in that folder, as for the folder itself;
+    the user's files stay in it, the link is untouched, nothing is left beside either, and again works."""
+    real, link = tmp_path / "data" / "models", tmp_path / "links" / "ckpt"
+    ensure_default_checkpoint(real, quiet=True)
+    (real / "notes.txt").write_text("mine")
+    link.parent.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    for _ in range(2):
+        assert ensure_default_checkpoint(link, quiet=True, force=True) == link
+        assert link.is_symlink() and link.resolve() == real.resolve()
+        assert (real / "notes.txt").read_text() == "mine" and converted_files(real) == tiny[1]
+        assert sorted(p.name for p in real.parent.iterdir()) == ["models"]
+        assert sorted(p.name for p in link.parent.iterdir()) == ["ckpt"]
+        assert_loads(link)
+
+
+def test_a_link_to_nothing_is_one_line(offline, tmp_path):
+    link = tmp_path / "ckpt"
+    link.symlink_to(tmp_path / "gone", target_is_directory=True)
+    with pytest.raises(CheckpointError, match="symbolic link .* does not exist"):
+        ensure_default_checkpoint(link, quiet=True)
+    assert not (tmp_path / "gone").exists() and offline == []

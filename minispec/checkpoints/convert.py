@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from minispec.checkpoints.disk import require_free, write_failure
+from minispec.checkpoints.gguf_checks import check_against_tensors, check_finite, check_metadata
 from minispec.errors import CheckpointError
 
 if TYPE_CHECKING:  # torch, numpy and gguf load where a conversion needs them
@@ -90,7 +91,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     reader, meta = open_gguf(gguf_path)
     arch = meta["general.architecture"]
+    check_metadata(meta)  # sizes, ids and token types, before anything reads them (gguf_checks.py)
     plan = plan_tensors(reader, meta)
+    check_against_tensors(meta, plan)
     config = hf_config(meta, {t.name for t in plan}, dtype)
     tokenizer = build_tokenizer(meta)
     special = {key: config[f"{key}_token_id"] for key in ("bos", "eos", "pad")}
@@ -123,7 +126,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         written.append(out_dir / file)
-        write_safetensors(out_dir / file, plan, dtype, _progress(len(plan), quiet))
+        write_safetensors(out_dir / file, plan, dtype, _progress(len(plan), quiet), gguf_path=gguf_path)
         if on_weights_written is not None:
             on_weights_written()
         for file, content in json_files.items():
@@ -223,12 +226,13 @@ def read_tensor(planned: PlannedTensor) -> torch.Tensor:
 
 
 def write_safetensors(path: Path, plan: list[PlannedTensor], dtype: str,
-                      progress: Callable[[int], None] | None = None) -> None:
+                      progress: Callable[[int], None] | None = None, gguf_path: Path | None = None) -> None:
     """Write `plan`'s tensors into a safetensors file at `path`, one tensor in memory at a time.
 
     The format: an 8-byte little-endian header length, a JSON header {name: {dtype, shape,
     data_offsets: [begin, end]}} (offsets into the data that follows, here in the plan's order,
-    padded with spaces to a multiple of 8 bytes), then the raw little-endian data.
+    padded with spaces to a multiple of 8 bytes), then the raw little-endian data. A tensor with
+    NaN or infinite values is a one-line CheckpointError naming it (and `gguf_path`).
     """
     import torch
 
@@ -247,6 +251,7 @@ def write_safetensors(path: Path, plan: list[PlannedTensor], dtype: str,
         f.write(text)
         for i, planned in enumerate(plan):
             weight = read_tensor(planned)
+            check_finite(gguf_path or path, getattr(planned.source, "name", planned.name), weight)
             if st_dtype == "BF16":
                 weight = weight.to(torch.bfloat16).view(torch.int16)  # numpy has no bfloat16: write its bits
             f.write(memoryview(weight.numpy()).cast("B"))

@@ -181,13 +181,16 @@ def ensure_checkpoint(name: str = DEFAULT_NAME, dest: str | Path | None = None, 
     if dtype is not None and dtype not in OUTPUT_DTYPES:
         raise CheckpointError(f"dtype={dtype!r}: not a dtype the converter writes; expected one of "
                               f"{', '.join(OUTPUT_DTYPES)}")
-    dest = checkpoint_dir(name) if dest is None else Path(dest)
+    shown = checkpoint_dir(name) if dest is None else Path(dest)
+    dest = real_folder(shown)  # a symbolic link: its target is the folder converted into; the link is left alone
     if is_complete(dest) and not force and not _leftovers(dest):
-        return _check_dtype(dest, dtype)
+        _check_dtype(dest, dtype)
+        return shown
     with _conversion_lock(dest, quiet):
         _repair(dest)
         if is_complete(dest) and not force:  # converted by another process while we waited, or restored
-            return _check_dtype(dest, dtype)
+            _check_dtype(dest, dtype)
+            return shown
         if dest.exists() and not dest.is_dir():
             raise CheckpointError(f"{dest}: is a file; expected a folder for the checkpoint")
         if dest.exists() and any(dest.iterdir()) and not force:
@@ -208,8 +211,21 @@ def ensure_checkpoint(name: str = DEFAULT_NAME, dest: str | Path | None = None, 
         finally:
             shutil.rmtree(work, ignore_errors=True)
     size_mib = sum((dest / name).stat().st_size for name in CONVERTED_FILES) / 2**20
-    _say(f"wrote {dest} ({size_mib:.0f} MiB) in {time.perf_counter() - started:.1f} s", quiet)
-    return dest
+    _say(f"wrote {shown} ({size_mib:.0f} MiB) in {time.perf_counter() - started:.1f} s", quiet)
+    return shown
+
+
+def real_folder(dest: Path) -> Path:
+    """`dest`, or the folder a symbolic link `dest` points to: the swap renames folders beside the
+    real one, so a link is never renamed and its target's other files are never moved out of it.
+    A link to nothing is one line."""
+    if not dest.is_symlink():
+        return dest
+    target = dest.resolve()
+    if not target.exists():
+        raise CheckpointError(f"{dest}: a symbolic link to {target}, which does not exist; expected a link to a "
+                              "folder, or a folder")
+    return target
 
 
 def ensure_default_checkpoint(dest: str | Path | None = None, *, quiet: bool = False,
