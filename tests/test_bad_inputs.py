@@ -41,6 +41,7 @@ from minispec.errors import CheckpointError, ConfigError, MinispecError
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "bad_inputs.md"
 DELETE = object()  # edit_json(..., field=DELETE) removes the field
+CLOSED = b"<closed>"  # Row(stdin=CLOSED): no standard input at all (sys.stdin is None, as `cmd <&-` gives)
 
 # ---------------------------------------------------------------- the tiny checkpoint
 
@@ -182,6 +183,20 @@ def more_tokens_than_rows(count: int) -> Setup:
     return Setup(f"tokenizer.json: {count} added tokens more than config.json's vocab_size", apply)
 
 
+def fewer_tokens(count: int) -> Setup:
+    """tokenizer.json replaced by a byte-level one of `count` tokens (count - 3 bytes and the three specials)."""
+    def apply(folder: Path) -> None:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())[:count - 3]
+        backend = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        backend.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        backend.save(str(folder / "tokenizer.json"))
+
+    return Setup(f"tokenizer.json: another model's, {count} tokens", apply)
+
+
 def both(*setups: Setup) -> Setup:
     return Setup("; ".join(s.description for s in setups), lambda folder: [s.apply(folder) for s in setups])
 
@@ -213,6 +228,7 @@ class Row:
     run: str = "main"  # main | api | interrupt-streaming | interrupt-generating | interrupt-before | pipe
     check: Callable[[Outcome, Path], None] | None = None  # more to assert: (outcome, CKPT)
     note: str = ""  # for the doc: how the command is run, or what the correct behaviour is
+    env: tuple[tuple[str, str], ...] = ()  # environment variables set for the run (run="main" rows)
 
 
 def cli(case: str, argv: str | list[str], expect: int, *names: str, **more) -> Row:
@@ -349,6 +365,10 @@ ROWS: list[Row] = [
     cli("prompt-file-not-utf8", f"{G} --prompt-file CKPT/prompt.txt", 2, "--prompt-file", "CKPT/prompt.txt", "UTF-8",
         setup=write("prompt.txt", b"caf\xe9", "prompt.txt: Latin-1 'café'")),
     cli("stdin-not-utf8", f"{G} --prompt-file -", 2, "--prompt-file -", "stdin", "UTF-8", stdin=b"caf\xe9"),
+    cli("minispec-home-no-such-user", "--ckpt smollm2-135m-instruct --prompt hi", 2, "MINISPEC_HOME",
+        "~nosuchuser", env=(("MINISPEC_HOME", "~nosuchuser/models"),)),
+    cli("stdin-closed", f"{G} --prompt-file -", 2, "--prompt-file -", "standard input is closed", stdin=CLOSED,
+        note="no descriptor 0"),
     cli("system-not-utf8", ["--ckpt", "CKPT", "--system", os.fsdecode(b"\xff")], 2, "--system", "UTF-8"),
     cli("stop-not-utf8", ["--ckpt", "CKPT", "--stop", os.fsdecode(b"\xff")], 2, "--stop", "UTF-8"),
     # ---- numeric flags and their Python API twins
@@ -456,6 +476,10 @@ ROWS: list[Row] = [
     cli("fly-flags-without-draft", f"{G} --fly-entropy-top-k 2", 2, "--fly-entropy-top-k", "--draft"),
     api("policy-lenience-beta-nan", "acceptance.get('lenience', beta=float('nan'))", MinispecError, "lenience beta"),
     api("policy-fly-window-float", "acceptance.get('fly', window_size=2.5)", MinispecError, "fly window_size"),
+    api("frequent-head-ids-outside-the-vocabulary", "frequent_head.apply(model, 8, token_ids=[1, 999])", MinispecError,
+        "token_ids", "999", "[0, 259)"),
+    api("frequent-head-added-ids-outside", "frequent_head.apply(model, 8, added_ids=[300])", MinispecError,
+        "added_ids", "300", note="refused by name, not silently dropped"),
     api("policy-bool-option-as-text", "acceptance.get('dropmatch', or_base='no')", MinispecError,
         "dropmatch or_base", "expected a bool"),
     cli("tree-runs", f"{G} --draft ngram --tree 8 --json", 0, check=check_finished,
@@ -561,6 +585,11 @@ ROWS: list[Row] = [
         setup=edit_json("tokenizer_config.json", eos_token="<|nope|>")),
     cli("tokenizer-larger-than-the-model", f"{G} --prompt hi", 2, "tokenizer.json", "vocab_size",
         setup=more_tokens_than_rows(3)),
+    cli("tokenizer-of-another-model", f"{G} --prompt hi", 2, "tokenizer.json", "200 tokens", "vocab_size 259",
+        "another model's tokenizer", setup=both(fewer_tokens(200), edit_json("config.json", bos_token_id=198,
+                                                                               eos_token_id=199),
+                                                edit_json("generation_config.json", bos_token_id=198, eos_token_id=199)),
+        note="a model's embedding may have more rows than tokens (padding), a few percent, not a quarter"),
     cli("tensor-in-two-shards", f"{G} --prompt hi", 2, "model.norm.weight", "also in",
         setup=one_tensor_in_two_shards("model.norm.weight")),
     cli("weights-with-nan", f"{G} --prompt hi", 2, "model.layers.0.mlp.up_proj.weight", "NaN",
@@ -627,6 +656,7 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
     from minispec.decode import generate
     from minispec.trees.drafters import TreeSpec
     from minispec.checkpoints.convert import convert_gguf
+    from minispec.kernels import frequent_head
 
     class Namespace(dict):
         def __missing__(self, name):
@@ -639,7 +669,7 @@ def api_namespace(folder: Path, tiny: Path) -> dict:
     return Namespace(__builtins__=builtins, minispec=minispec, torch=torch, acceptance=acceptance,
                      load_model=load_model, load_tokenizer=load_tokenizer, ModelConfig=ModelConfig,
                      SamplingParams=SamplingParams, generate=generate, NgramDrafter=NgramDrafter, convert_gguf=convert_gguf,
-                     TreeSpec=TreeSpec,
+                     TreeSpec=TreeSpec, frequent_head=frequent_head,
                      TINY_CONFIG=TINY_CONFIG, CKPT=folder, TINY=tiny)
 
 
@@ -670,8 +700,10 @@ def _run_in_process(row: Row, argv: list[str]) -> Outcome:
     """`python -m <module> argv`, as its __main__ runs it: sys.exit(main(argv)), streams swapped for buffers."""
     module = importlib.import_module(row.module)
     out, err = io.StringIO(), io.StringIO()
-    stdin = io.TextIOWrapper(io.BytesIO(row.stdin or b""), encoding="utf-8")
+    stdin = None if row.stdin is CLOSED else io.TextIOWrapper(io.BytesIO(row.stdin or b""), encoding="utf-8")
     saved_stdin, sys.stdin = sys.stdin, stdin
+    saved_env = {name: os.environ.get(name) for name, _ in row.env}
+    os.environ.update(dict(row.env))
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -680,6 +712,11 @@ def _run_in_process(row: Row, argv: list[str]) -> Outcome:
                 code = exit_info.code
     finally:
         sys.stdin = saved_stdin
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return Outcome(code=code, out=out.getvalue(), err=err.getvalue())
 
 
@@ -790,7 +827,10 @@ def shown_command(row: Row) -> str:
         return shlex.quote(arg)
 
     command = f"python -m {row.module} " + " ".join(quote(arg) for arg in row.command)
-    if row.stdin is not None:
+    command = " ".join(f"{name}={quote(value)}" for name, value in row.env) + (" " if row.env else "") + command
+    if row.stdin is CLOSED:
+        command += " <&-"
+    elif row.stdin is not None:
         command = f"printf {quote(os.fsdecode(row.stdin))} | {command}"
     return command
 

@@ -99,3 +99,20 @@ def test_a_second_restriction_or_a_rewritten_model_is_refused():
         frequent_head.apply(model, 10)
     with pytest.raises(MinispecError, match="expected a freshly loaded draft model"):
         frequent_head.apply(kernels.apply(random_model(CONFIG, 0, dtype=torch.float32), "fast"), 10)
+
+
+def test_token_ids_as_a_list_or_a_tensor_keep_the_same_rows_and_bad_ids_are_one_line():
+    """token_ids as the docstring allows (a list or 1-D tensor, any order, repeats kept once); ids outside
+    the vocabulary, in token_ids or added_ids, are refused by name, not dropped."""
+    cfg = tiny_config(vocab_size=20)
+    as_list = frequent_head.apply(random_model(cfg, 0), 5, token_ids=[7, 3, 3, 11])
+    as_tensor = frequent_head.apply(random_model(cfg, 0), 5, token_ids=torch.tensor([3, 7, 11]))
+    assert as_list.lm_head.token_ids.tolist() == as_tensor.lm_head.token_ids.tolist() == [3, 7, 11]
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(as_list(ids), as_tensor(ids))
+    for kwargs, name in [(dict(token_ids=[1, 20]), "token_ids"), (dict(token_ids=[-1]), "token_ids"),
+                         (dict(added_ids=[25]), "added_ids"), (dict(token_ids=[]), "token_ids"),
+                         (dict(token_ids=[0.5]), "token_ids")]:
+        with pytest.raises(MinispecError, match=f"frequent_head.apply: {name}"):
+            frequent_head.apply(random_model(cfg, 0), 5, **kwargs)

@@ -48,9 +48,40 @@ def write_failure(folder: Path, file: str, error: BaseException) -> CheckpointEr
 
 
 def user_cache_dir() -> Path:
-    """The platform's per-user cache folder for minispec."""
+    """The platform's per-user cache folder for minispec. A relative XDG_CACHE_HOME is ignored, as
+    the XDG specification says; a home folder that cannot be found is one line."""
     if sys.platform == "win32":
-        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "minispec"
+        return (env_folder("LOCALAPPDATA") or home() / "AppData" / "Local") / "minispec"
     if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "minispec"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minispec"
+        return home() / "Library" / "Caches" / "minispec"
+    cache = env_folder("XDG_CACHE_HOME")
+    return (cache if cache is not None and cache.is_absolute() else home() / ".cache") / "minispec"
+
+
+def minispec_home() -> Path | None:
+    """MINISPEC_HOME as a folder (a leading ~ expanded), or None where it is unset or empty."""
+    return env_folder("MINISPEC_HOME")
+
+
+def env_folder(variable: str) -> Path | None:
+    """The folder an environment variable names, `~` or `~user` expanded; None if unset or empty.
+    A value that cannot be expanded (no such user) or holds a NUL byte is one line naming it."""
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    if "\0" in value:
+        raise CheckpointError(f"{variable} = {value!r}: holds a NUL byte; expected a folder path")
+    try:
+        return Path(value).expanduser()
+    except RuntimeError as error:  # ~nosuchuser, or ~ without a home folder
+        raise CheckpointError(f"{variable} = {value!r}: cannot expand {value.split('/')[0]!r} ({error}); expected "
+                              "a folder path") from None
+
+
+def home() -> Path:
+    """The user's home folder, or one line saying what to set instead."""
+    try:
+        return Path.home()
+    except (RuntimeError, KeyError) as error:
+        raise CheckpointError(f"no home folder ({error}); expected HOME to be set, or MINISPEC_HOME to name the "
+                              "folder for checkpoints and caches") from None

@@ -62,7 +62,7 @@ except ImportError:  # Windows
 
 from minispec.cli import Parser, nonempty, run_main
 from minispec.checkpoints.convert import OUTPUT_DTYPES, convert_gguf
-from minispec.checkpoints.disk import MiB, require_free, user_cache_dir, write_failure
+from minispec.checkpoints.disk import MiB, minispec_home, require_free, user_cache_dir, write_failure
 from minispec.errors import CheckpointError, MinispecError
 from minispec.checkpoints.known import DEFAULT, KNOWN, KnownCheckpoint, listing
 
@@ -148,8 +148,9 @@ def checkpoint_dir(name: str = DEFAULT_NAME, package_dir: Path | None = None) ->
     Linux, ~/Library/Caches/minispec on macOS, %LOCALAPPDATA%\\minispec on Windows. Never
     site-packages: `pip uninstall` would leave it behind. package_dir: where the minispec package
     is (default: this one's folder; tests pass others)."""
-    if os.environ.get("MINISPEC_HOME"):
-        return Path(os.environ["MINISPEC_HOME"]).expanduser() / name
+    home = minispec_home()
+    if home is not None:
+        return home / name
     root = (package_dir or Path(__file__).resolve().parents[1]).parent  # parents[1]: the minispec package
     if (root / "setup.cfg").is_file() and (root / "weights").is_dir() and (root / "minispec" / "__init__.py").is_file():
         return root / "weights" / name  # a source checkout (editable install or run in place)

@@ -280,13 +280,22 @@ def _prompt_lines(args: GenerateArgs) -> list[tuple[int, str]]:
     return lines
 
 
+SMALLEST_TOKENIZER_SHARE = 0.9  # of the embedding's rows: padding adds a few percent at most (Qwen2: 0.2%)
+
+
 def check_tokenizer_fits(tokenizer, model, ckpt) -> None:
-    """Every id the tokenizer can give must be a row of the model's embedding (a model may have more rows:
-    vocabularies are padded, e.g. Qwen2's 151936 rows for 151665 tokens)."""
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise MinispecError(f"--ckpt {ckpt}: tokenizer.json has {tokenizer.vocab_size} tokens but config.json's "
-                            f"vocab_size is {model.config.vocab_size}, so some token ids have no embedding row; "
+    """Every id the tokenizer can give must be a row of the model's embedding, and the tokenizer must
+    cover most rows: a model may have more rows than tokens (vocabularies are padded, e.g. Qwen2's
+    151936 rows for 151665 tokens), but a tokenizer with under 90% of the rows is another model's."""
+    tokens, rows = tokenizer.vocab_size, model.config.vocab_size
+    if tokens > rows:
+        raise MinispecError(f"--ckpt {ckpt}: tokenizer.json has {tokens} tokens but config.json's "
+                            f"vocab_size is {rows}, so some token ids have no embedding row; "
                             "expected the tokenizer the model was trained with")
+    if tokens < SMALLEST_TOKENIZER_SHARE * rows:
+        raise MinispecError(f"--ckpt {ckpt}: tokenizer.json has {tokens} tokens for config.json's vocab_size {rows} "
+                            f"({tokens / rows:.1%} of the embedding's rows): another model's tokenizer; expected the "
+                            "tokenizer the model was trained with (padding adds a few percent of rows at most)")
 
 
 def split_lines(text: str) -> list[str]:
@@ -379,7 +388,11 @@ def _encode(args: GenerateArgs, tokenizer, prompt: str) -> list[int]:
 
 
 def _read_stdin() -> str:
-    """--prompt-file -: stdin's bytes decoded as UTF-8, whatever the locale's encoding and error handler."""
+    """--prompt-file -: stdin's bytes decoded as UTF-8, whatever the locale's encoding and error handler.
+    A closed stdin (no descriptor 0: sys.stdin is None, or a closed stream) is one line."""
+    if sys.stdin is None or getattr(sys.stdin, "closed", False):
+        raise MinispecError("--prompt-file -: standard input is closed; expected the prompts on stdin (a pipe or a "
+                            "file), or --prompt-file FILE")
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:  # a text stream without bytes underneath (a test's StringIO)
         from minispec.checkpoints.tokenizer import check_text

@@ -66,13 +66,33 @@ def frequent_token_ids(keep: int, added_ids: list[int]) -> torch.Tensor:
     return torch.cat([torch.arange(keep), torch.tensor(added_ids, dtype=torch.long)]).unique()
 
 
+def checked_ids(name: str, ids, vocab: int, nonempty: bool = False) -> torch.Tensor:
+    """`ids` (a list, tuple or 1-D integer tensor) as an int64 tensor [N], each in [0, vocab); else one line."""
+    try:
+        tensor = torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError):
+        tensor = None
+    if tensor is None or tensor.dim() != 1 or (tensor.numel() and (tensor.dtype.is_floating_point or
+                                                                    tensor.dtype in (torch.bool, torch.complex64))):
+        raise MinispecError(f"frequent_head.apply: {name} = {ids!r}; expected a list or 1-D tensor of token ids")
+    tensor = tensor.to(torch.long)
+    if nonempty and tensor.numel() == 0:
+        raise MinispecError(f"frequent_head.apply: {name} is empty; expected at least one token id")
+    outside = tensor[(tensor < 0) | (tensor >= vocab)]
+    if outside.numel():
+        raise MinispecError(f"frequent_head.apply: {name} holds {outside[:5].tolist()} outside [0, {vocab}); "
+                            "expected ids of the draft's vocabulary")
+    return tensor
+
+
 def apply(model: Transformer, keep: int, added_ids: list[int] = (), *,
           token_ids: torch.Tensor | None = None) -> Transformer:
     """Give `model` (a draft, as loaded: before any kernels.apply) a FrequentHead over its `keep`
     most frequent tokens, ids 0 .. keep-1, and the `added_ids` (its tokenizer's added tokens:
     minispec.checkpoints.tokenizer.Tokenizer.added_token_ids); in place, returns the model.
 
-    token_ids: the ids to keep instead (any list, e.g. counted on a corpus as FR-Spec does).
+    token_ids: the ids to keep instead (a list or 1-D tensor, e.g. counted on a corpus as FR-Spec does).
+    Ids outside the vocabulary, in either argument, are one line (not dropped).
     A kernels.apply afterwards puts the kept rows in its own layer.
     """
     from minispec import kernels
@@ -86,7 +106,9 @@ def apply(model: Transformer, keep: int, added_ids: list[int] = (), *,
         raise MinispecError("frequent_head.apply: expected a freshly loaded draft model (before kernels.apply, and "
                             "with its full head)")
     if token_ids is None:
-        token_ids = frequent_token_ids(keep, [i for i in added_ids if 0 <= i < vocab])
+        token_ids = frequent_token_ids(keep, checked_ids("added_ids", added_ids, vocab).tolist())
+    else:
+        token_ids = checked_ids("token_ids", token_ids, vocab, nonempty=True).unique()  # sorted, each once
     rows = model.lm_head.weight[token_ids]  # [N, d]; DenseLinear keeps its own copy
     model.lm_head = FrequentHead(DenseLinear(rows, None), token_ids, vocab)
     return model

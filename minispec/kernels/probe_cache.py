@@ -28,15 +28,15 @@ from pathlib import Path
 
 import torch
 
-from minispec.checkpoints.disk import user_cache_dir
+from minispec.checkpoints.disk import minispec_home, user_cache_dir
 
 CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
 
 
 def cache_path() -> Path:
     """probe.json in MINISPEC_HOME if that variable is set, else in the user cache folder."""
-    home = os.environ.get("MINISPEC_HOME")
-    return (Path(home).expanduser() if home else user_cache_dir()) / "probe.json"
+    home = minispec_home()
+    return (home if home is not None else user_cache_dir()) / "probe.json"
 
 
 def cpu_name() -> str:
