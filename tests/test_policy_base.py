@@ -161,3 +161,51 @@ def test_a_user_policy_refuses_a_size_before_the_first_step(loop):
     with pytest.raises(MinispecError, match=r"^test-head-rows max_rows=3: a verify of \d+ rows$"):
         run[loop]()
     assert HeadRowsPolicy.seen == []
+
+
+def test_a_decision_of_one_element_tensors_is_taken_as_ints_and_anything_else_is_refused():
+    """A user policy returning torch.tensor(eos) as its next token: the loop must see the id (a 0-d
+    tensor never equals an int eos in a list); a float, a bool or a vector is refused by name."""
+    import numpy
+    import torch
+
+    from minispec.acceptance import AcceptancePolicy, Decision, PolicyInputError
+    from minispec.chain.speculative import generate_chain
+    from minispec.testing import random_model, tiny_config
+
+    class Returns(AcceptancePolicy):
+        def __init__(self, num_accepted, next_token):
+            self.num_accepted, self.next_token = num_accepted, next_token
+
+        def decide(self, inp):
+            return Decision(self.num_accepted, self.next_token)
+
+    model = random_model(tiny_config(vocab_size=12, num_layers=1), 0)
+    out = generate_chain(model, [1, 2], max_new_tokens=8, draft="ngram:1", gamma=2,
+                         policy=Returns(torch.tensor(0), torch.tensor(5)), eos_token_ids=[5])
+    # the prefill's token, then the policy's eos at the first verify step, and the run stops there
+    assert len(out.tokens) == 2 and out.tokens[-1] == 5 and out.stats["finish_reason"] == "eos"
+    out = generate_chain(model, [1, 2], max_new_tokens=8, draft="ngram:1", gamma=2,
+                         policy=Returns(numpy.int64(0), numpy.int64(5)), eos_token_ids=[5])
+    assert len(out.tokens) == 2 and out.tokens[-1] == 5
+    for num_accepted, next_token, field in [(0, 5.0, "next_token"), (0, True, "next_token"), (0.0, 5, "num_accepted"),
+                                            (0, torch.tensor([5, 6]), "next_token"), (0, 99, "next_token")]:
+        with pytest.raises(PolicyInputError, match=field):
+            generate_chain(model, [1, 2], max_new_tokens=4, draft="ngram:1", gamma=2,
+                           policy=Returns(num_accepted, next_token), eos_token_ids=[])
+
+
+def test_numpy_scalars_are_the_numbers_they_print():
+    """np.float32(0.3) is the 0.3 the user typed, not 0.30000001192092896; np.int64(3) is 3; a bool or
+    text is still refused."""
+    import numpy
+
+    from minispec.acceptance import get
+    from minispec.errors import MinispecError
+
+    policy = get("dropmatch", p=numpy.float32(0.3), paths=numpy.int64(3))
+    assert (policy.p, policy.paths) == (0.3, 3) and type(policy.p) is float and type(policy.paths) is int
+    assert get("lenience", beta=numpy.float64(0.25)).beta == 0.25
+    for bad in (dict(p=numpy.bool_(True)), dict(paths=numpy.float32(2.0)), dict(p="0.3")):
+        with pytest.raises(MinispecError, match="dropmatch"):
+            get("dropmatch", **bad)

@@ -154,6 +154,19 @@ def test_a_wrong_residual_is_reported_readably():
     assert "not distributed as p_target" in message and "p-value" in message
 
 
+def test_a_policy_that_edits_its_inputs_in_place_is_reported():
+    """The residual computed in place: its own decision is right, but p_target (which the loop and the
+    stats read after the decision) is left as max(0, p - q)."""
+    class InPlace(MySampling):
+        def residual(self, p, q):
+            p.sub_(q).clamp_(min=0)
+            return p / p.sum() if p.sum() > 0 else p
+
+    with pytest.raises(CheckFailed) as err:
+        check_policy(InPlace, statistical=False)
+    assert "decision_range" in str(err.value) and "changed in place" in str(err.value)
+
+
 def test_a_validation_hole_is_reported():
     class NoChecks(MySampling):
         def __call__(self, inp):  # skips the base class's input check

@@ -31,6 +31,7 @@ CLI's --policy accepts the name.
 from __future__ import annotations
 
 import inspect
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
@@ -104,8 +105,15 @@ class AcceptancePolicy(ABC):
     def __call__(self, inp: VerifyInput) -> Decision:
         check_input(inp)
         decision = self.decide(inp)
+        if not isinstance(decision, Decision):
+            raise PolicyInputError(f"{self.name}: decide returned {type(decision).__name__}; expected a Decision")
+        decision.num_accepted = as_index(self.name, "num_accepted", decision.num_accepted)
+        decision.next_token = as_index(self.name, "next_token", decision.next_token)
         if not 0 <= decision.num_accepted <= inp.gamma:
             raise PolicyInputError(f"{self.name}: num_accepted = {decision.num_accepted}; expected 0..{inp.gamma}")
+        vocab = inp.target_logits.shape[1]
+        if not 0 <= decision.next_token < vocab:
+            raise PolicyInputError(f"{self.name}: next_token = {decision.next_token}; expected a token id in [0, {vocab})")
         return decision
 
     @abstractmethod
@@ -138,6 +146,17 @@ def check_input(inp: VerifyInput) -> None:
         raise PolicyInputError(f"extra_logits: shape {list(inp.extra_logits.shape)}; expected [n, V={vocab}]")
     if gamma and not (0 <= int(inp.draft_tokens.min()) and int(inp.draft_tokens.max()) < vocab):
         raise PolicyInputError(f"draft_tokens: ids outside [0, {vocab}): {inp.draft_tokens.tolist()}")
+
+
+def as_index(policy: str, field: str, value) -> int:
+    """A Decision's count or token id as a Python int: an int, or a one-element integer tensor (a 0-d
+    tensor would compare unequal to every eos id); anything else is a PolicyInputError naming it."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+            and value.dtype != torch.bool:
+        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # numpy's ints too
+        return int(value)
+    raise PolicyInputError(f"{policy}: Decision.{field} = {value!r}; expected an int")
 
 
 def is_number(value) -> bool:
@@ -188,20 +207,29 @@ def get(policy: str | AcceptancePolicy, **kwargs) -> AcceptancePolicy:
     if unknown:
         expected = f"its options are {list(options)}" if options else "it takes no options"
         raise MinispecError(f"policy {policy!r}: unknown option(s) {unknown}; {expected}")
-    for key, value in kwargs.items():
-        check_option_type(policy, key, value, options[key])
+    kwargs = {key: check_option_type(policy, key, value, options[key]) for key, value in kwargs.items()}
     return cls(**kwargs)
 
 
-def check_option_type(policy: str, key: str, value, kind: type | None) -> None:
-    """MinispecError unless `value` is of the type the option takes: a bool for a bool option (not
-    'no' or 1), an int (not a bool) for an int, a real number for a float, a str for a str; an
-    option whose type neither default nor annotation says is left to the constructor. None passes
-    where the default is None (the option is then optional)."""
-    ok = {bool: lambda v: isinstance(v, bool), int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          float: is_number, str: lambda v: isinstance(v, str)}
-    if kind is None or value is None or ok[kind](value):
-        return
+def check_option_type(policy: str, key: str, value, kind: type | None):
+    """`value` as the type the option takes, else a MinispecError: a bool for a bool option (not 'no'
+    or 1), an int (not a bool) for an int, a real number for a float, a str for a str; numpy's
+    scalars become the Python number they hold (np.float32(0.3) is the float 0.3 the user typed,
+    not 0.30000001192092896). An option whose type neither default nor annotation says is left to
+    the constructor. None passes where the default is None (the option is then optional)."""
+    if kind is None or value is None:
+        return value
+    if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if isinstance(value, float):  # float and numpy.float64: exact
+            return float(value)
+        try:  # numpy.float32 and the like: the shortest decimal that reads back as it
+            return float(str(value))
+        except ValueError:
+            return float(value)
+    if kind is bool and isinstance(value, bool) or kind is str and isinstance(value, str):
+        return value
     raise MinispecError(f"{policy} {key} = {value!r}; expected {'an' if kind is int else 'a'} {kind.__name__}")
 
 

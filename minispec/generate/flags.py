@@ -434,6 +434,12 @@ def check_flags(args: GenerateArgs) -> None:
         raise MinispecError(f"{given}{window}: FLy defers a rejection only when the {window} "
                             f"drafts after it are in the same step, and --gamma {args.gamma} drafts at most; expected "
                             f"the window below --gamma (or a larger --gamma)")
+    most_drafts = args.max_new_tokens - 2  # the prefill gives the first token; a step also emits one of its own
+    if args.draft is not None and args.policy == "fly" and isinstance(window, int) and window >= most_drafts:
+        given = "--policy fly:window_size=" if "window_size" in args.policy_options else "--fly-window "
+        raise MinispecError(f"{given}{window}: with --max-new-tokens {args.max_new_tokens} a step drafts at most "
+                            f"{max(most_drafts, 0)} tokens, so no window of {window} ever fits and FLy would be "
+                            f"exact match; expected a window below {max(most_drafts, 1)} (or more --max-new-tokens)")
     if "agreement" in args.given and args.dropout_p != "auto":
         raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
     if args.batch_size is not None and args.dropout_p == "auto" and args.policy in DROPMATCH_POLICIES:

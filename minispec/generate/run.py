@@ -234,7 +234,8 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
     from minispec.batch.speculative import generate_batch
 
     lines = _prompt_lines(args)
-    prompts = [_encode(args, tokenizer, text) for _, text in lines]
+    prompts = [_encode(args, tokenizer, text, f"--prompt-file {args.prompt_file} line {number}")
+               for number, text in lines]
     seeds = [args.seed + i for i in range(len(prompts))]  # prompt i: what it gives alone with --seed + i
     if seeds[-1] >= 2**64:
         raise MinispecError(f"--seed {args.seed}: prompt i uses --seed + i, which passes 2**64 - 1 at prompt "
@@ -353,7 +354,8 @@ def _drafter(args: GenerateArgs, model, tokenizer):
 
 def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
     """The prompt's token ids: the text from --prompt, --prompt-file or stdin (as UTF-8), encoded by _encode."""
-    return _encode(args, tokenizer, args.prompt if args.prompt_file is None else _read_prompt_file(args))
+    where = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
+    return _encode(args, tokenizer, args.prompt if args.prompt_file is None else _read_prompt_file(args), where)
 
 
 def _read_prompt_file(args: GenerateArgs) -> str:
@@ -374,17 +376,22 @@ def _read_prompt_file(args: GenerateArgs) -> str:
     return decode_utf8(data, f"--prompt-file {args.prompt_file}")
 
 
-def _encode(args: GenerateArgs, tokenizer, prompt: str) -> list[int]:
+def _encode(args: GenerateArgs, tokenizer, prompt: str, where: str) -> list[int]:
     """A prompt's token ids: in the chat template unless --raw (or the checkpoint has none).
-    --system "" is an empty system message."""
+    --system "" is an empty system message. A prompt of no tokens is one line naming `where` (the flag)."""
     chat = bool(tokenizer.chat_template) if args.chat is None else args.chat
     if not chat:
         if args.system is not None:
             raise MinispecError(f"--system: a chat-template message, but {tokenizer.source} has no chat template; "
                                 "expected a chat checkpoint")
-        return tokenizer.encode(prompt)
-    system = [] if args.system is None else [{"role": "system", "content": args.system}]
-    return tokenizer.apply_chat_template([*system, {"role": "user", "content": prompt}])
+        ids = tokenizer.encode(prompt)
+    else:
+        system = [] if args.system is None else [{"role": "system", "content": args.system}]
+        ids = tokenizer.apply_chat_template([*system, {"role": "user", "content": prompt}])
+    if not ids:
+        raise MinispecError(f"{where}: {prompt!r} is no tokens{' with --raw' if args.chat is False else ''}; "
+                            "expected a prompt with some text")
+    return ids
 
 
 def _read_stdin() -> str:

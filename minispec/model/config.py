@@ -115,6 +115,8 @@ class ModelConfig:
             if path.is_dir():
                 path = path / "config.json"
             where = str(path)
+            if path.is_dir():
+                raise ConfigError(f"{path}: a folder; expected a Hugging Face config.json file")
             if not path.is_file():
                 raise ConfigError(f"{path}: file not found; expected a Hugging Face config.json")
             try:

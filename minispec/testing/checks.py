@@ -17,7 +17,8 @@ happened, followed by hypothesis' falsifying example.
 
 Policy checks (a policy is an AcceptancePolicy subclass; see minispec/acceptance/base.py):
   validation          malformed inputs (shapes, vocab bounds) are rejected, not half-used
-  decision_range      0 <= num_accepted <= gamma and 0 <= next_token < V on random inputs
+  decision_range      0 <= num_accepted <= gamma and 0 <= next_token < V on random inputs, the
+                      inputs untouched (a policy that edits p_target or q_draft in place fails)
   determinism         the same inputs and generator seed give the same decision
   greedy_equals_plain (lossless) at temperature 0, speculative output == plain greedy output
   one_step_lossless   (lossless) the first emitted token is distributed as p_target: exact
@@ -225,7 +226,10 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
     @given(inp=verify_inputs(), seed=seeds)
     def decision_range(inp, seed):
         p, inp = fresh_input(inp, seed)
+        before = {name: value.clone() for name, value in vars(inp).items() if isinstance(value, torch.Tensor)}
         d = p(inp)
+        for name, value in before.items():  # the loop reuses p_target and the caches' rows after the decision
+            assert torch.equal(getattr(inp, name), value), f"{name}: changed in place by the policy; expected it untouched"
         vocab = inp.target_logits.shape[1]
         assert 0 <= d.num_accepted <= inp.gamma, f"num_accepted = {d.num_accepted} with gamma = {inp.gamma}"
         assert 0 <= d.next_token < vocab, f"next_token = {d.next_token} outside [0, {vocab})"

@@ -83,7 +83,7 @@ def build_parser() -> benchlib.Parser:
                    help="comma-separated prompt sets, each 'name:N' (cached continuations are reused)")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=CALIBRATION_TOKENS), default=128,
                    help="length of each greedy continuation (the pooled positions)")
-    p.add_argument("--levels", type=benchlib.number_list(float, "--levels", 0.01), default="0.8,0.95",
+    p.add_argument("--levels", type=benchlib.number_list(float, "--levels", 0.01, 1), default="0.8,0.95",
                    help="comma-separated target agreements (auto's default: 0.8)")
     p.add_argument("--paths", type=ranged(int, "--paths", lo=1, hi=64), default=5, help="K")
     return p

@@ -129,9 +129,9 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=2), default=128)
     p.add_argument("--positions", type=ranged(int, "--positions", lo=1), default=640,
                    help="real-model positions used, evenly spread over all the continuations' positions")
-    p.add_argument("--ps", type=benchlib.number_list(float, "--ps", 0), default="0.001,0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.3,0.5")
+    p.add_argument("--ps", type=benchlib.number_list(float, "--ps", 0, 1, hi_open=True), default="0.001,0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.3,0.5")
     p.add_argument("--paths", type=benchlib.number_list(int, "--paths", 1), default="1,5")
-    p.add_argument("--levels", type=benchlib.number_list(float, "--levels", 0.01), default="0.5,0.8,0.9,0.95")
+    p.add_argument("--levels", type=benchlib.number_list(float, "--levels", 0.01, 1), default="0.5,0.8,0.9,0.95")
     p.add_argument("--widths", type=or_none(benchlib.number_list(int, "--widths", 8)), default="64,128,256,512,1024",
                    help="random models' widths, or none")
     p.add_argument("--vocab", type=ranged(int, "--vocab", lo=2), default=4096)

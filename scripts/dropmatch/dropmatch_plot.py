@@ -123,7 +123,7 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--quality", type=Path, nargs="*", default=[], help="dropmatch_quality.json files")
     p.add_argument("--calibration", type=Path, nargs="*", default=[],
                    help="dropmatch_calibration.json files (one per checkpoint: drawn in one figure)")
-    p.add_argument("--out", type=Path, default=None, help="output folder (if not given: out/dropmatch_plot/)")
+    p.add_argument("--out", type=benchlib.out_folder("--out"), default=None, help="output folder (if not given: out/dropmatch_plot/)")
     return p
 
 

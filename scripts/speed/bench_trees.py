@@ -52,6 +52,7 @@ from benchlib import fmt, md_table, median, ratio
 
 import torch  # noqa: E402
 
+from minispec.errors import MinispecError  # noqa: E402
 from minispec.cli import ranged  # noqa: E402
 
 PROG = "bench_trees"
@@ -139,6 +140,10 @@ def measure(args, ckpt) -> dict:
 
     skip = set(args.skip or ())
     model = minispec.load_model(ckpt, dtype=torch.float32)
+    deepest = model.config.num_layers - 1  # an early exit needs at least one layer left out
+    if max(args.layers) > deepest:
+        raise MinispecError(f"--layers {','.join(map(str, args.layers))}: {ckpt.name} has {model.config.num_layers} "
+                            f"layers; expected early exits in [1, {deepest}]")
     kernels.apply(model, args.kernels, checkpoint=ckpt)
     tokenizer = minispec.load_tokenizer(ckpt)
     eos = tokenizer.eos_token_ids
