@@ -395,7 +395,13 @@ def load_minispec(ckpt: Path, dtype: torch.dtype, kernels: str, drafters: Sequen
     built = {}
     for spec in drafters:
         try:
-            built[spec] = make_drafter(spec, model)
+            kind = spec.partition(":")[0]
+            if kind not in ("ngram", "early-exit", "self"):  # a draft model: a folder or a known name
+                from minispec.checkpoints.hub import resolve_checkpoint
+
+                built[spec] = make_drafter(str(resolve_checkpoint(spec, what="--drafters")), model)
+            else:
+                built[spec] = make_drafter(spec, model)
         except MinispecError as error:
             raise MinispecError(f"--drafters: {error}") from None
     nbytes = weights_bytes(model)

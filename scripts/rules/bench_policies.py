@@ -689,10 +689,13 @@ def _expand_policy(name: str) -> tuple[str, ...] | None:
 
 
 def _expand_drafter(name: str) -> tuple[str, ...] | None:
-    """Syntax only; make_drafter checks the range of early-exit:N once the model is loaded."""
+    """Syntax only; make_drafter checks the range of early-exit:N once the model is loaded. A draft
+    model: a checkpoint folder or a known name (minispec.weights --list)."""
+    from minispec.checkpoints.known import KNOWN
+
     kind, _, arg = name.partition(":")
     ok = (kind == "ngram" and (not arg or arg.isdigit() and int(arg) >= 1)) or name in ("self:bf16", "self:int8") or (
-        kind == "early-exit" and arg.isdigit() and int(arg) >= 1)
+        kind == "early-exit" and arg.isdigit() and int(arg) >= 1) or name in KNOWN or Path(name).is_dir()
     return (name,) if ok else None
 
 
@@ -720,7 +723,8 @@ def build_parser() -> benchlib.Parser:
                                            f"dropmatch:CRITERION with CRITERION in {','.join(DROPMATCH_CRITERIA)}"),
                    help="comma-separated; plain decoding always runs")
     p.add_argument("--drafters", type=benchlib.name_list("--drafters", _expand_drafter,
-                                                         "ngram, ngram:N, early-exit:N, self:bf16, self:int8"),
+                                                         "ngram, ngram:N, early-exit:N, self:bf16, self:int8, "
+                                                         "a draft checkpoint folder or known name"),
                    default=None,
                    help="if not given: ngram,self:bf16; add early-exit:N to include early exit")
     p.add_argument("--gammas", type=benchlib.number_list(int, "--gammas", 1), default=None,
