@@ -156,3 +156,19 @@ def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
                             "--threads", "1", "--out", str(tmp_path)], check=True, capture_output=True, text=True)
     assert not re.search(r"seed \d  tau", again.stdout)  # resumed: no row decoded again
     assert (tmp_path / "records.jsonl").read_text().count("\n") == 12
+
+
+def test_distortion_is_pooled_over_every_judged_position_of_the_prompts():
+    """Positions, not prompts, are pooled: 3 positions at TV 0.1 and 1 at 0.5 give a mean of 0.2; an
+    infinite KL is left out of the mean; FLy's bound is marked "<="; the figure needs the columns."""
+    records = [policy_record("sampling", 5, 1.0, i, accepted=10, steps=10, nll=1.0, agree=0.5, speedup=1.0)
+               for i in range(2)]
+    fly = [policy_record("fly", 5, 1.0, i, accepted=12, steps=10, nll=1.0, agree=0.5, speedup=1.0, criterion="3")
+           for i in range(2)]
+    fly[0] |= {"distortion_tv": [0.1, 0.1, 0.1], "distortion_kl": [0.2, float("inf"), 0.4], "distortion_kind": "bound"}
+    fly[1] |= {"distortion_tv": [0.5], "distortion_kl": [0.6], "distortion_kind": "bound"}
+    rows = {r["rule"]: r for r in rules_table.smollm2_rows([{"settings": {"dropout_p": 0.3},
+                                                              "records": records + fly}])}
+    assert rows["fly-3"]["tv_mean"] == pytest.approx(0.2) and rows["fly-3"]["kl_mean"] == pytest.approx(0.4)
+    assert rules_table.distortion_cells(rows["fly-3"])[0] == "<=0.2000"
+    assert rows["sampling"].get("tv_mean") is None and rules_table.distortion_cells(rows["sampling"]) == ["–"] * 3

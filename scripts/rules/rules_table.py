@@ -4,6 +4,7 @@
                                   [--smollm2 out/rules_smollm2/bench_policies.json ...]
                                   [--trees out/rules_smollm2_trees/bench_tree_rules.json ...]
                                   [--out out/rules_table] [--png docs/img/rules_pareto.png]
+                                  [--png-distortion docs/img/rules_distortion.png]
 
 Reads what the benchmarks wrote and measures nothing itself:
 
@@ -24,7 +25,10 @@ Reads what the benchmarks wrote and measures nothing itself:
 The figure: one panel per model, every chain configuration a point, x = quality change (pass@1
 points on the pair; NLL per token on SmolLM2, where lower is better, so the x axis is -dNLL:
 right is better in both), y = tau gain over its base, bars = the 95% interval of the quality change.
-Lossless rules sit at x = 0 up to chance. Writes rules_table.md and .json to --out; --png needs matplotlib.
+Lossless rules sit at x = 0 up to chance. The distortion figure (--png-distortion): the SmolLM2
+rows against the mean TV distance of the distribution each rule emits at a judged position from
+the target's (bench_policies' distortion columns), one panel per temperature: lossless rules sit at
+x = 0 exactly, not up to chance. Writes rules_table.md and .json to --out; the figures need matplotlib.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from minispec.cli import run_main  # noqa: E402
 from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "rules_table"
-LOSSLESS = ("exact", "sampling", "block", "traversal")
+LOSSLESS = ("exact", "sampling", "block", "traversal", "multipath")
 
 
 def read_json(path: Path, made_by: str) -> dict:
@@ -150,8 +154,22 @@ def run_rows(result: dict) -> list[dict]:
                                         if mine[k].get("speedup") and base[k].get("speedup")),
                 "policy_share": median(mine[k].get("policy_share") for k in prompts
                                        if mine[k].get("policy_share") is not None),
+                **distortion_of([mine[k] for k in prompts]),
                 "prompts": len(prompts)})
     return rows
+
+
+def distortion_of(records: list[dict]) -> dict:
+    """TV mean and 95th percentile and mean finite KL over every judged position of the records
+    (bench_policies' per-position distortion lists), with the kind of figure; {} where none."""
+    tv = [v for r in records for v in r.get("distortion_tv") or []]
+    if not tv:
+        return {}
+    kl = [v for r in records for v in r.get("distortion_kl") or [] if v is not None and v == v and v != float("inf")]
+    kinds = sorted({k for r in records for k in (r.get("distortion_kind") or "").split("/") if k})
+    ordered = sorted(tv)
+    return {"tv_mean": sum(tv) / len(tv), "tv_p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+            "kl_mean": sum(kl) / len(kl) if kl else None, "distortion_kind": "/".join(kinds)}
 
 
 def pooled_tau(records: list[dict]) -> float | None:
@@ -180,10 +198,10 @@ def render(pair: list[dict], smollm2: list[dict], trees: list[dict]) -> str:
               fmt(r["speed_vs_base"], ".2f", "x"), fmt(r["policy_share"], ".1%")] for r in pair]) + "\n\n"
     if smollm2:
         text += "### SmolLM2-135M: the target's NLL and agreement with greedy\n\n" + md_table(
-            ["T", "gamma", "drafter", "rule", "tau", "tau gain", "acceptance", "NLL", "vs base [95% CI]",
-             "agreement", "vs base [95% CI]", "x base (median)", "prompts"],
+            ["T", "gamma", "drafter", "rule", "tau", "tau gain", "acceptance", "TV mean", "TV p95", "KL",
+             "NLL", "vs base [95% CI]", "agreement", "vs base [95% CI]", "x base (median)", "prompts"],
             [[fmt(r["temperature"], "g"), str(r["gamma"]), r["drafter"], r["rule"], fmt(r["tau"]),
-              fmt_gain(r["tau_gain"]), fmt(r["acceptance"]), fmt(r["quality"], ".3f"),
+              fmt_gain(r["tau_gain"]), fmt(r["acceptance"]), *distortion_cells(r), fmt(r["quality"], ".3f"),
               interval(r["quality_change"], 1, "+.3f"), fmt(r["agreement"], ".2f"),
               interval(r["agreement_change"], 1, "+.2f"), fmt(r["speed_vs_base"], ".2f", "x"), str(r["prompts"])]
              for r in smollm2]) + "\n\n"
@@ -193,6 +211,48 @@ def render(pair: list[dict], smollm2: list[dict], trees: list[dict]) -> str:
         target = result["settings"].get("target", "smollm2-135m-instruct")
         text += f"### {target} on draft trees (T > 0)\n\n" + bench_tree_rules.table(result)
     return text
+
+
+def distortion_cells(row: dict) -> list[str]:
+    """TV mean, TV p95, KL: "<=" where the figure is FLy's bound, "~" where it is a Monte Carlo estimate."""
+    if row.get("tv_mean") is None:
+        return ["–", "–", "–"]
+    kind = row.get("distortion_kind") or ""
+    mark = "<=" if "bound" in kind else "~" if "monte-carlo" in kind else ""
+    return [f"{mark}{row['tv_mean']:.4f}", f"{mark}{row['tv_p95']:.4f}", fmt(row.get("kl_mean"), ".4f")]
+
+
+def plot_distortion(smollm2: list[dict], png: Path) -> Path:
+    """tau gain against the mean TV distance from the target, one panel per temperature."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    temperatures = sorted({r["temperature"] for r in smollm2 if r.get("tv_mean") is not None})
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(6.5 * len(temperatures), 5), squeeze=False)
+    for ax, temperature in zip(axes[0], temperatures):
+        for r in smollm2:
+            if r["temperature"] != temperature or r.get("tv_mean") is None or r["tau_gain"] is None:
+                continue
+            marker = "o" if r["gamma"] <= 5 else "s"
+            color = "tab:blue" if r["rule"] in LOSSLESS else "tab:red"
+            bound = "bound" in (r.get("distortion_kind") or "")
+            ax.plot(r["tv_mean"], r["tau_gain"] * 100, marker=marker, color=color, mfc="none" if bound else color,
+                    ls="none")
+            ax.annotate(f"{r['rule']} g{r['gamma']}" + (" (<=)" if bound else ""), (r["tv_mean"], r["tau_gain"] * 100),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.axvline(0, color="grey", lw=0.5)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.set_title(f"SmolLM2-135M, early-exit draft, T = {temperature:g}")
+        ax.set_xlabel("mean TV distance from the target per judged position")
+        ax.set_ylabel("tau gain over the base (%)")
+    fig.text(0.01, 0.01, "blue: lossless, red: lossy; circles gamma 5, squares gamma 10; hollow: an upper bound "
+             "on TV (FLy); the base is exact at T = 0, sampling at T = 1", fontsize=8)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    return png
 
 
 def fmt_gain(gain: float | None) -> str:
@@ -241,6 +301,8 @@ def main(argv=None) -> int:
     parser.add_argument("--trees", type=Path, nargs="*", default=[], help="bench_tree_rules.json files")
     parser.add_argument("--out", type=benchlib.out_folder("--out"), default=None, help=f"output folder (if not given: out/{PROG}/)")
     parser.add_argument("--png", type=Path, default=None, help="the figure (if not given: none)")
+    parser.add_argument("--png-distortion", type=Path, default=None,
+                        help="tau gain against distortion, from --smollm2 results that measured it (if not given: none)")
     args = parser.parse_args(argv)
 
     def body() -> int:
@@ -254,6 +316,11 @@ def main(argv=None) -> int:
         benchlib.write_outputs(out, PROG, {"pair": pair, "smollm2": smollm2}, text)
         if args.png is not None:
             print(f"{PROG}: wrote {plot(pair, smollm2, args.png)}", file=sys.stderr)
+        if args.png_distortion is not None:
+            if not any(r.get("tv_mean") is not None for r in smollm2):
+                raise MinispecError("--png-distortion: no --smollm2 result measured distortion; expected a "
+                                    "bench_policies.json with distortion columns")
+            print(f"{PROG}: wrote {plot_distortion(smollm2, args.png_distortion)}", file=sys.stderr)
         print(text)
         return 0
 
