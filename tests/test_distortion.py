@@ -123,9 +123,23 @@ def test_fly_bound_is_zero_where_no_window_fits_and_at_most_one(inp, seed):
     policy = acceptance.get("fly", window_size=2)
     for row in range(inp.gamma + 1):
         measured = position_distortion(policy, inp, row, context(seed=seed))
-        assert measured.kind == "bound" and 0 <= measured.tv <= 1
+        assert measured.kind == ("exact" if inp.params.greedy else "bound") and 0 <= measured.tv <= 1
         if row + 2 >= inp.gamma and not inp.params.greedy:
             assert measured.tv <= 1e-12  # FLy is its (lossless) base where the window cannot fit
+
+
+@given(inp=verify_inputs(max_gamma=6, temperature=0.0), window=st.integers(0, 3),
+       threshold=st.sampled_from([0.0, 0.3, 0.8]))
+def test_at_temperature_zero_fly_form_is_its_decision_on_the_drawn_token(inp, window, threshold):
+    """q is one-hot on d at T = 0: the form keeps d (a(d) = 1) exactly when FLy, run on the step, keeps
+    it at the first position; and pi is then e_d, else the argmax (no bound needed)."""
+    policy = acceptance.get("fly", window_size=window, entropy_threshold=threshold)
+    if inp.gamma == 0:
+        return
+    form = form_of(policy, inp, 0, context())
+    kept = policy(inp).num_accepted >= 1
+    assert float(form.accept[int(inp.draft_tokens[0])]) == float(kept)
+    assert form.kind == "exact"
 
 
 @given(inp=verify_inputs(temperature=1.0), threshold=st.floats(0, 10), seed=seeds)

@@ -160,7 +160,7 @@ def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
 
 def test_distortion_is_pooled_over_every_judged_position_of_the_prompts():
     """Positions, not prompts, are pooled: 3 positions at TV 0.1 and 1 at 0.5 give a mean of 0.2; an
-    infinite KL is left out of the mean; FLy's bound is marked "<="; the figure needs the columns."""
+    infinite KL is left out of the mean (its share shown); FLy's bound is marked "<="; the figure needs the columns."""
     records = [policy_record("sampling", 5, 1.0, i, accepted=10, steps=10, nll=1.0, agree=0.5, speedup=1.0)
                for i in range(2)]
     fly = [policy_record("fly", 5, 1.0, i, accepted=12, steps=10, nll=1.0, agree=0.5, speedup=1.0, criterion="3")

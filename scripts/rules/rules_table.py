@@ -165,11 +165,13 @@ def distortion_of(records: list[dict]) -> dict:
     tv = [v for r in records for v in r.get("distortion_tv") or []]
     if not tv:
         return {}
-    kl = [v for r in records for v in r.get("distortion_kl") or [] if v is not None and v == v and v != float("inf")]
+    measured = [v for r in records for v in r.get("distortion_kl") or [] if v is not None and v == v]  # nan: a bound
+    kl = [v for v in measured if v != float("inf")]
     kinds = sorted({k for r in records for k in (r.get("distortion_kind") or "").split("/") if k})
     ordered = sorted(tv)
     return {"tv_mean": sum(tv) / len(tv), "tv_p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
-            "kl_mean": sum(kl) / len(kl) if kl else None, "distortion_kind": "/".join(kinds)}
+            "kl_mean": sum(kl) / len(kl) if kl else None, "distortion_kind": "/".join(kinds),
+            "kl_infinite_share": (len(measured) - len(kl)) / len(measured) if measured else None}
 
 
 def pooled_tau(records: list[dict]) -> float | None:
@@ -219,7 +221,10 @@ def distortion_cells(row: dict) -> list[str]:
         return ["–", "–", "–"]
     kind = row.get("distortion_kind") or ""
     mark = "<=" if "bound" in kind else "~" if "monte-carlo" in kind else ""
-    return [f"{mark}{row['tv_mean']:.4f}", f"{mark}{row['tv_p95']:.4f}", fmt(row.get("kl_mean"), ".4f")]
+    kl = fmt(row.get("kl_mean"), ".4f")
+    if row.get("kl_infinite_share"):  # positions where the rule gives a token of p's no mass
+        kl += f" (inf at {row['kl_infinite_share']:.0%})"
+    return [f"{mark}{row['tv_mean']:.4f}", f"{mark}{row['tv_p95']:.4f}", kl]
 
 
 def plot_distortion(smollm2: list[dict], png: Path) -> Path:

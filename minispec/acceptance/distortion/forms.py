@@ -22,15 +22,18 @@ A form gives a (the acceptance probability of every token x as the draft) and r 
     typical          1{c(x) > min(eps, delta exp(-H(c)))}           one-hot argmax (T = 0), p (T > 0)
     kl-judge         a_base + (1 - a_base) 1{judged(x)}             the base's
     dropmatch        a_base + (1 - a_base) P_masks(DropMatch keeps x)   the base's      (Monte Carlo)
-    fly              an upper bound: the window assumed to pass      the base's          (a bound)
+    fly              T > 0: an upper bound, the window assumed to    the base's          (a bound)
+                     pass; T = 0: exact (the window read off the step)
 
 where a(x) for x with q(x) = 0 does not matter (weight 0). The base is exact match at T = 0 and
 speculative sampling at T > 0, with its coin independent of the judge's or the masks' verdict.
 
 Two rules are not of this form:
 - FLy keeps a rejected draft when the next W drafts pass; those drafts follow x, and one verify
-  step holds them for the drawn x only. Its form assumes the window passes for every x (a_upper),
-  and meter.py reports the bound TV(pi, p) <= sum_x q(x) (a_upper(x) - a_base(x)) (below).
+  step holds them for the drawn x only. At T > 0 its form assumes the window passes for every x
+  (a_upper), and meter.py reports the bound TV(pi, p) <= sum_x q(x) (a_upper(x) - a_base(x))
+  (below). At T = 0 the draft is one-hot on the drawn token and the drafts after it are its
+  greedy continuation, so the step holds the window's verdict: exact.
 - DropMatch's verdict depends on K dropout masks; a(x) is a mean over `draws` mask draws, made
   from the form's own generator (the policy's stream is never touched), kept per draw so the
   meter can give the estimate's error.
@@ -203,14 +206,22 @@ def kl_judge_form(policy, inp, row, context) -> Form:
 
 @register_form(FLy)
 def fly_form(policy, inp, row, context) -> Form:
+    """T > 0: the bound (the window assumed to pass for every x). T = 0: exact, since q is one-hot on
+    the drawn token d and the drafts after it are the drafter's greedy continuation of d, in the
+    step: the window's verdict for d is read off them (the base's verdicts at rows row+1..row+W)."""
     base = base_form(inp, row)
+    kind = "exact" if inp.params.greedy else "bound"
     if row == inp.gamma or row + policy.window_size >= inp.gamma:  # no window fits: FLy is its base here
-        return Form(base.accept, base.residual, "bound", base_accept=base.accept)
+        return Form(base.accept, base.residual, kind, base_accept=base.accept)
     criterion = (torch.softmax(inp.target_logits[row].to(F64), dim=-1) if inp.params.greedy
                  else inp.p_target[row].to(F64))  # [V]
     gate = float(top_k_entropy(criterion, policy.entropy_top_k)) >= policy.entropy_threshold
-    defer = ((criterion > 0) & gate).to(F64)  # [V]: the window assumed to pass
-    return Form(either(base.accept, defer), base.residual, "bound", base_accept=base.accept)
+    window = True
+    if inp.params.greedy:
+        later = range(row + 1, row + 1 + policy.window_size)
+        window = all(int(inp.draft_tokens[j]) == int(greedy_token(inp.target_logits[j])) for j in later)
+    defer = ((criterion > 0) & gate & window).to(F64)  # [V]: T > 0, the window assumed to pass
+    return Form(either(base.accept, defer), base.residual, kind, base_accept=base.accept)
 
 
 @register_form(DropMatch)
