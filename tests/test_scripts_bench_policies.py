@@ -296,3 +296,22 @@ def test_end_to_end_tiny_run_writes_json_and_markdown(real_ckpt, tmp_path, capsy
     assert result["dropmatch_vs_base"][0]["base"] == "exact"
     text = (out / "bench_policies.md").read_text()
     assert "| minispec ngram dropmatch/majority g3 |" in text and "## Head agreement" in text
+
+
+def test_distortion_survives_json_and_pools_positions():
+    """A record keeps KL per position as a number, "inf" or None (a bound's, not measured): JSON-safe;
+    the group pools positions and shows the share where KL is infinite."""
+    import json as json_module
+    import math
+
+    from minispec.acceptance.distortion import PositionDistortion
+
+    class Meter:
+        records = [PositionDistortion(0.1, 0.2, "exact"), PositionDistortion(0.3, math.inf, "exact")]
+        uncovered = 0
+
+    record = json_module.loads(json_module.dumps(bench.distortion_fields(Meter())))
+    assert record["distortion_kl"] == [0.2, "inf"]
+    summary = bench.summarise_group([{**record, "num_generated_tokens": 1}])
+    assert summary["tv_mean"] == pytest.approx(0.2) and summary["kl_infinite_share"] == pytest.approx(0.5)
+    assert summary["kl_mean"] == pytest.approx(0.2)

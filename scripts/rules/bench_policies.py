@@ -201,7 +201,8 @@ def run_one(rt: Runtime, args: Args, config: Config, prompt: benchlib.Prompt, te
 
 def distortion_fields(meter: DistortionMeter) -> dict:
     """The per-position figures a record keeps (rounded), so that groups pool positions, not prompts."""
-    return dict(distortion_tv=[round(r.tv, 7) for r in meter.records], distortion_kl=[r.kl for r in meter.records],
+    kl = [("inf" if r.kl == math.inf else None if math.isnan(r.kl) else r.kl) for r in meter.records]  # JSON-safe
+    return dict(distortion_tv=[round(r.tv, 7) for r in meter.records], distortion_kl=kl,
                 distortion_tv_error=[round(r.tv_error, 7) for r in meter.records],
                 distortion_kind="/".join(sorted({r.kind for r in meter.records})), distortion_uncovered=meter.uncovered)
 
@@ -321,7 +322,8 @@ def summarise_group(group: list[dict]) -> dict:
     positions = sum((r.get("policy_info") or {}).get("positions", 0) for r in group)
     spec = any(r.get("verify_steps") is not None for r in group)
     gsm8k = [float(r["gsm8k_correct"]) for r in group if r.get("gsm8k_correct") is not None]
-    positions_measured = [PositionDistortion(tv, kl, r.get("distortion_kind", ""), error) for r in group
+    as_kl = lambda kl: math.inf if kl == "inf" else math.nan if kl is None else kl  # noqa: E731 (distortion_fields)
+    positions_measured = [PositionDistortion(tv, as_kl(kl), r.get("distortion_kind", ""), error) for r in group
                           for tv, kl, error in zip(r.get("distortion_tv", []), r.get("distortion_kl", []),
                                                    r.get("distortion_tv_error", []))]
     distortion = summarise_distortion(positions_measured) if positions_measured else {}

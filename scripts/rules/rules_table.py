@@ -165,7 +165,15 @@ def distortion_of(records: list[dict]) -> dict:
     tv = [v for r in records for v in r.get("distortion_tv") or []]
     if not tv:
         return {}
-    measured = [v for r in records for v in r.get("distortion_kl") or [] if v is not None and v == v]  # nan: a bound
+    measured = []  # KL per position: a number, or inf (JSON: "inf", or null where the figure is not a bound)
+    for r in records:
+        bound = "bound" in (r.get("distortion_kind") or "")
+        for v in r.get("distortion_kl") or []:
+            if v is None or v != v:  # null: inf written through benchlib.finite, or a bound's unmeasured KL
+                if not bound:
+                    measured.append(float("inf"))
+            else:
+                measured.append(float(v))
     kl = [v for v in measured if v != float("inf")]
     kinds = sorted({k for r in records for k in (r.get("distortion_kind") or "").split("/") if k})
     ordered = sorted(tv)
@@ -242,6 +250,8 @@ def plot_distortion(smollm2: list[dict], png: Path) -> Path:
                 continue
             marker = "o" if r["gamma"] <= 5 else "s"
             color = "tab:blue" if r["rule"] in LOSSLESS else "tab:red"
+            if r["rule"] == "exact" and temperature > 0:
+                color = "tab:red"  # exact match is greedy: lossless at T = 0 only
             bound = "bound" in (r.get("distortion_kind") or "")
             ax.plot(r["tv_mean"], r["tau_gain"] * 100, marker=marker, color=color, mfc="none" if bound else color,
                     ls="none")
