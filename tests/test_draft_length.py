@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from minispec.chain import draft_length
-from minispec.chain.draft_length import DraftLength, Fixed, Heuristic
+from minispec.chain.draft_length import DraftLength, Fallback, Fixed, Heuristic
 from minispec.chain.drafters import ModelDrafter, NgramDrafter, confidence, make_drafter
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams
@@ -76,12 +76,51 @@ def test_heuristic_starts_afresh_every_generation():
     assert lengths(schedule, []) == [3]  # lengths() calls reset() first, as the loop does
 
 
+def test_fallback_turns_off_below_the_break_even_probes_and_turns_back_on():
+    schedule = Fallback(4, break_even=2.0, window=2, probe=3)
+    # two steps of 0 accepted (1 token each): mean 1 < 2, off; 0, 0, then the third step probes
+    assert lengths(schedule, [(4, 0), (4, 0), (0, 0), (0, 0), (4, 4)]) == [4, 4, 0, 0, 4, 4]
+    # the probe's 5 tokens lift the window mean to (1 + 5) / 2 = 3 >= 2: back on
+
+
+def test_fallback_never_turns_off_while_speculation_pays_and_waits_for_a_full_window():
+    schedule = Fallback(4, break_even=2.0, window=3, probe=5)
+    assert lengths(schedule, [(4, 1)] * 10) == [4] * 11  # 2 tokens per step: at the break-even, on
+    assert lengths(schedule, [(4, 0), (4, 0), (4, 4)]) == [4, 4, 4, 4]  # mean (1+1+5)/3 >= 2 at the full window
+    assert lengths(schedule, [(4, 0)] * 3 + [(0, 0)] * 4) == [4, 4, 4] + [0] * 4 + [4]
+
+
+@given(break_even=st.floats(1.0, 6.0), window=st.integers(1, 5), probe=st.integers(1, 6),
+       steps=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=40))
+def test_fallback_answers_gamma_or_zero_and_probes_within_probe_steps(break_even, window, probe, steps):
+    """Whatever it hears (a drafter may propose fewer than asked), it asks for gamma or 0, and never
+    for 0 more than probe - 1 times in a row."""
+    schedule = Fallback(5, break_even, window=window, probe=probe)
+    schedule.reset()
+    run = 0
+    for proposed, accepted in steps:
+        asked = schedule.next()
+        assert asked in (0, 5)
+        run = run + 1 if asked == 0 else 0
+        assert run <= probe - 1
+        drafted = min(proposed, asked)
+        schedule.update(drafted, min(accepted, drafted))
+
+
+def test_fallback_is_per_request_and_resets():
+    schedule = Fallback(3, break_even=3.0, window=1, probe=10)
+    assert lengths(schedule, [(3, 0)]) == [3, 0]
+    assert lengths(schedule, []) == [3]  # a new generation starts on
+
+
 def test_get_builds_by_name_and_passes_objects_through():
     assert isinstance(draft_length.get("fixed", 5), Fixed) and draft_length.get("fixed", 5).next() == 5
     schedule = draft_length.get("heuristic", 8)
     assert isinstance(schedule, Heuristic) and (schedule.gamma, schedule.start) == (8, 8)
     mine = Heuristic(4, start=1)
     assert draft_length.get(mine, 5) is mine
+    fallback = draft_length.get("fallback:1.5", 6)
+    assert isinstance(fallback, Fallback) and (fallback.gamma, fallback.break_even) == (6, 1.5)
 
 
 def test_get_and_schedule_errors_are_one_line():
@@ -94,6 +133,17 @@ def test_get_and_schedule_errors_are_one_line():
     with pytest.raises(MinispecError) as err:
         Heuristic(4, start=5)
     assert "start = 5; expected an integer in 1..gamma=4" in one_line(err)
+    for spec, words in [("fallback", "expected fallback:BREAK_EVEN"), ("fallback:x", "expected fallback:BREAK_EVEN"),
+                        ("fallback:0.5", "break_even = 0.5; expected a number of tokens per step in 1..gamma+1=6"),
+                        ("fallback:nan", "break_even = nan"), ("fallback:7", "break_even = 7.0")]:
+        with pytest.raises(MinispecError) as err:
+            draft_length.get(spec, 5)
+        assert words in one_line(err)
+    for options, words in [(dict(window=0), "window = 0; expected an integer"), (dict(probe=2.5), "probe = 2.5"),
+                           (dict(break_even=True), "break_even = True")]:
+        with pytest.raises(MinispecError) as err:
+            Fallback(5, **({"break_even": 2.0} | options))
+        assert words in one_line(err)
     target = random_model(tiny_config(), 0)
     with pytest.raises(MinispecError) as err:
         generate(target, [1], max_new_tokens=3, draft="ngram", draft_length="nope")
@@ -120,10 +170,13 @@ class Recorded(Heuristic):
 
 
 @given(setup=loop_setups(), gamma=st.integers(1, 6), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20),
-       schedule=st.sampled_from(["fixed", "heuristic"]), p_min=st.sampled_from([0.0, 0.3, 0.7, 1.0]))
+       schedule=st.sampled_from(["fixed", "heuristic", "fallback:1.0", "fallback:2.5", "fallback:7"]),
+       p_min=st.sampled_from([0.0, 0.3, 0.7, 1.0]))
 def test_adaptive_greedy_equals_plain_greedy(setup, gamma, kind, n_new, schedule, p_min):
     """Whatever the schedule and the cut-off, exact speculative greedy emits plain greedy's tokens."""
     cfg, seed, prompt = setup
+    if schedule.startswith("fallback:"):  # a break-even in 1..gamma+1
+        schedule = f"fallback:{min(float(schedule.partition(':')[2]), gamma + 1)}"
     target = random_model(cfg, seed, scale=3.0)  # peaky distributions: long greedy agreements
     plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
     drafter = build_draft(kind, target, seed, p_min=0.0 if kind == "ngram" else p_min)
@@ -131,7 +184,7 @@ def test_adaptive_greedy_equals_plain_greedy(setup, gamma, kind, n_new, schedule
                     draft_length=schedule, eos_token_ids=[])
     assert spec.tokens == plain.tokens
     s = spec.stats
-    assert s["draft_length"] == schedule and s["gamma"] == gamma
+    assert s["draft_length"] == schedule.partition(":")[0] and s["gamma"] == gamma
     assert 1 <= s["tau"] <= gamma + 1
     assert sum(s["accepted_length_histogram"]) + s["no_draft_steps"] == s["verify_steps"]
 
@@ -175,7 +228,20 @@ def test_heuristic_grows_to_gamma_when_every_draft_is_accepted_and_shrinks_to_on
     assert out.stats["num_drafted"] < 2 * len(records)  # fixed gamma 6 would have drafted ~6 per step
 
 
-@pytest.mark.parametrize("schedule", ["fixed", "heuristic"])
+def test_fallback_decodes_plainly_when_the_draft_never_agrees_and_never_when_it_always_does():
+    target = random_model(tiny_config(), 3, scale=3.0)
+    records = []
+    generate(target, [5, 6, 7], max_new_tokens=40, draft=random_model(tiny_config(), 4), gamma=4,
+             draft_length=Fallback(4, 2.0, window=2, probe=5), eos_token_ids=[], on_step=records.append)
+    drafted = [r.inp.gamma for r in records]
+    assert drafted[:2] == [4, 4] and drafted.count(0) >= len(drafted) // 2  # off after two failed steps
+    records = []
+    generate(target, [5, 6, 7], max_new_tokens=40, draft=target, gamma=4, draft_length="fallback:4.5",
+             eos_token_ids=[], on_step=records.append)  # the target drafting for itself: 5 tokens a step
+    assert all(r.inp.gamma == min(4, 40 - 1 - 5 * i - 1) for i, r in enumerate(records))  # never off
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "heuristic", "fallback:2"])
 def test_same_seed_same_tokens_with_a_schedule_object_reused(schedule):
     target = random_model(tiny_config(), 0)
     drafter = ModelDrafter(random_model(tiny_config(), 1), p_min=0.2)

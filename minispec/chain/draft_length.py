@@ -12,6 +12,9 @@ schedule adapts it from what the target accepted:
     Heuristic(gamma)   transformers' assisted-generation "heuristic" schedule: +2 after a step
                        that accepted every draft, -1 after one that rejected any, never below 1
                        and, here, never above gamma
+    Fallback(gamma, break_even)
+                       gamma while this request's speculation pays, 0 (plain decoding) once its
+                       recent tokens per step fall below the break-even, with a probe now and then
 
 A schedule only chooses how many tokens to ask for, never which: the verify step and the policy
 decide what is emitted, so with the exact policy at temperature 0 the output is plain greedy
@@ -104,18 +107,86 @@ class Heuristic(DraftLength):
         return f"Heuristic(gamma={self.gamma}, start={self.start})"
 
 
-SCHEDULES = {"fixed": Fixed, "heuristic": Heuristic}
+class Fallback(DraftLength):
+    """Plain decoding for the rest of a request once its speculation stops paying.
+
+    A speculative step of g drafts costs t_verify(g+1 rows) + g t_draft; a plain step costs t_step.
+    Speculation is faster while this request's tokens per step exceed the break-even
+
+        tau* = (t_verify(g+1) + g t_draft) / t_step                 measured per CPU, pair and gamma
+
+    (scripts/security/attack_tau.py measures it). The schedule keeps the tokens per drafted step,
+    n + 1, of this request's last `window` drafted steps:
+
+        on:   draft gamma; once `window` drafted steps are in and their mean < tau*, turn off
+        off:  draft 0 (the step is a plain decode step: a one-row verify pass), except every
+              `probe`-th step, which drafts gamma and adds its n + 1 to the window;
+              a window mean >= tau* turns it back on
+
+    Each request decides from its own counts alone (a batch gives each row its own copy), so one
+    user's prompts cannot switch speculation off for another's, as a server-wide switch on the
+    rolling acceptance (TensorRT-LLM's) lets them. It reads counts, never the clock: same seed,
+    same tokens; and like every schedule it only chooses how many tokens to draft, so greedy
+    exact decoding emits plain greedy's tokens with it.
+    """
+
+    name = "fallback"
+
+    def __init__(self, gamma: int, break_even: float, window: int = 4, probe: int = 8) -> None:
+        super().__init__(gamma)
+        if isinstance(break_even, bool) or not isinstance(break_even, (int, float)) or \
+                not 1.0 <= break_even <= gamma + 1:
+            raise MinispecError(f"fallback draft length: break_even = {break_even!r}; expected a number of tokens per "
+                                f"step in 1..gamma+1={gamma + 1} (a speculative step's cost in plain steps)")
+        for label, value in (("window", window), ("probe", probe)):
+            if not is_int(value) or not 1 <= value <= 10_000:
+                raise MinispecError(f"fallback draft length: {label} = {value!r}; expected an integer in 1..10000")
+        self.break_even, self.window, self.probe = float(break_even), int(window), int(probe)
+        self.reset()
+
+    def reset(self) -> None:
+        self.recent: list[int] = []  # n + 1 of the last `window` drafted steps
+        self.on = True
+        self.steps_off = 0  # steps since speculation was last turned off or probed
+
+    def next(self) -> int:
+        if self.on:
+            return self.gamma
+        return self.gamma if self.steps_off + 1 >= self.probe else 0  # the probe-th step off drafts again
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        if num_drafted == 0:  # a plain step: no evidence, one step closer to the next probe
+            self.steps_off += 1
+            return
+        self.steps_off = 0
+        self.recent = (self.recent + [num_accepted + 1])[-self.window:]
+        if len(self.recent) == self.window or not self.on:
+            self.on = sum(self.recent) / len(self.recent) >= self.break_even
+
+    def __repr__(self) -> str:
+        return f"Fallback(gamma={self.gamma}, break_even={self.break_even}, window={self.window}, probe={self.probe})"
+
+
+SCHEDULES = {"fixed": Fixed, "heuristic": Heuristic, "fallback": Fallback}
 
 
 def get(spec: str | DraftLength, gamma: int) -> DraftLength:
-    """A schedule from its name ("fixed", "heuristic"; at most gamma tokens), or the object itself,
-    whose maximum may not exceed the loop's gamma."""
+    """A schedule from its name ("fixed", "heuristic", "fallback:BREAK_EVEN"; at most gamma tokens), or
+    the object itself, whose maximum may not exceed the loop's gamma."""
     if isinstance(spec, DraftLength):
         if spec.gamma > gamma:
             raise MinispecError(f"draft_length={spec!r}: drafts up to {spec.gamma} tokens; expected at most "
                                 f"gamma={gamma} (the caches hold gamma + 1 extra positions)")
         return spec
+    name, colon, value = spec.partition(":") if isinstance(spec, str) else (spec, "", "")
+    if name == "fallback":
+        try:
+            break_even = float(value)
+        except ValueError:
+            raise MinispecError(f"draft_length={spec!r}: expected fallback:BREAK_EVEN, the tokens per step below "
+                                f"which speculation loses (e.g. fallback:1.5)") from None
+        return Fallback(gamma, break_even)
     if spec not in SCHEDULES:
         raise MinispecError(f"draft_length={spec!r}: unknown draft length schedule; expected one of "
-                            f"{', '.join(SCHEDULES)} (or a minispec.chain.draft_length.DraftLength)")
+                            f"fixed, heuristic, fallback:BREAK_EVEN (or a minispec.chain.draft_length.DraftLength)")
     return SCHEDULES[spec](gamma)

@@ -194,9 +194,11 @@ def build_parser() -> Parser:
                         "name")
     s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5,
                    help="draft length per verify step (with --draft-length heuristic: the most)")
-    s.add_argument("--draft-length", choices=["fixed", "heuristic"], default="fixed",
+    s.add_argument("--draft-length", type=draft_length_spec, default="fixed", metavar="fixed|heuristic|fallback:TAU",
                    help="fixed: gamma every step; heuristic: +2 after a fully accepted draft, -1 otherwise, "
-                        "between 1 and gamma (transformers' schedule)")
+                        "between 1 and gamma (transformers' schedule); fallback:TAU: plain decoding for this "
+                        "prompt while its recent tokens per step are below TAU, the break-even "
+                        "(docs/security.md)")
     s.add_argument("--draft-p-min", type=ranged(float, "--draft-p-min", lo=0, hi=1), default=0.0,
                    help="a model draft stops at the first token whose draft probability is below this (0 = off)")
     s.add_argument("--draft-kernels", choices=["auto", "same", "fast", "int8", "fp16", "int8-dynamic", "reference"],
@@ -291,6 +293,22 @@ def dropout_p(text: str) -> float | str:
     if not 0 <= value < 1:  # also nan
         raise argparse.ArgumentTypeError(f"--dropout-p = {text}; expected 0 <= dropout-p < 1 or 'auto'")
     return value
+
+
+def draft_length_spec(text: str) -> str:
+    """--draft-length: fixed, heuristic or fallback:TAU with TAU a number (its range, 1..gamma+1, is
+    checked with --gamma in check_flags)."""
+    name, colon, value = text.partition(":")
+    if text in ("fixed", "heuristic"):
+        return text
+    if name == "fallback":
+        try:
+            float(value)
+            return text
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"--draft-length {text!r}: expected fixed, heuristic or fallback:TAU with TAU "
+                                     "the tokens per step below which speculation loses (e.g. fallback:1.5)")
 
 
 def branching(text: str) -> tuple[int, ...]:
@@ -410,8 +428,13 @@ def check_flags(args: GenerateArgs) -> None:
         if dest in ("trace", "draft_p_min") and args.tree is not None:
             raise MinispecError(f"{flag(dest)}: chain drafts only; expected it without --tree")
         if dest == "draft_length" and args.tree is not None and args.draft_length != "fixed":
-            raise MinispecError("--draft-length heuristic: chain drafts only (a tree's depth is --gamma); "
+            raise MinispecError(f"--draft-length {args.draft_length}: chain drafts only (a tree's depth is --gamma); "
                                 "expected it without --tree")
+        if dest == "draft_length" and args.draft_length.startswith("fallback:"):
+            break_even = float(args.draft_length.partition(":")[2])
+            if not 1 <= break_even <= args.gamma + 1:
+                raise MinispecError(f"--draft-length {args.draft_length}: the break-even is tokens per step; expected "
+                                    f"a number in 1..--gamma + 1 = {args.gamma + 1}")
         if dest == "batch_size" and args.prompt_file is None:
             raise MinispecError("--batch-size: runs the prompts of a file, one per line; expected --prompt-file FILE "
                                 "(or - for stdin) with it")
