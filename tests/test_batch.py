@@ -96,6 +96,9 @@ def test_each_rows_stats_are_its_own_runs_and_the_pooled_stats_their_sums(setup,
     committed_after_prefill = sum(len(r.tokens) - 1 for r in batch)
     assert pooled["tau"] == pytest.approx(committed_after_prefill / pooled["verify_steps"])
     assert pooled["target_forwards"] == 1 + max(r.stats["verify_steps"] for r in batch)  # rows share passes
+    # a pass carries the rows still running, once each: row-passes are the rows' own verify steps
+    passes = pooled["target_forwards"] - 1
+    assert pooled["mean_rows_per_pass"] * passes == pytest.approx(pooled["verify_steps"])
 
 
 @settings(max_examples=10)

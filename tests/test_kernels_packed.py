@@ -259,6 +259,20 @@ def test_int8_linear_is_within_its_quantization_bound(rows):
     assert layer.qweight.dtype == torch.int8 and layer.qweight.abs().max() == 127
 
 
+@given(out=st.integers(1, 8), blocks=st.integers(1, 3), seed=seeds, log_scale=st.floats(-12, 6))
+def test_int8_weights_are_the_nearest_grid_point_of_their_row(out, blocks, seed, log_scale):
+    """Per output row, step s = max |W_j| / 127 and q_ji = round(W_ji / s): every weight within half a
+    step of its grid point (|W/s - q| <= 1/2, to float32 division), the row's largest at +-127, and
+    the stored step s rounded to bfloat16."""
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out, 16 * blocks, generator=gen) * 2.0 ** log_scale  # [out, in]
+    layer = Int8Linear(weight, None)
+    step = weight.abs().amax(dim=1) / 127  # [out]
+    assert ((weight / step[:, None] - layer.qweight.float()).abs() <= 0.5 + 1e-5).all()
+    assert (layer.qweight.abs().amax(dim=1) == 127).all()
+    assert torch.equal(layer.scale, step.to(torch.bfloat16))
+
+
 def test_int8_linear_refuses_widths_its_kernel_gets_wrong():
     """torch._weight_int8pack_mm with bf16 input silently returns garbage unless in % 16 == 0."""
     with pytest.raises(MinispecError, match="in_features = 24; expected a multiple of 16"):

@@ -16,6 +16,7 @@ class scores only rows DropMatch scored (the same masks).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 import torch
@@ -291,6 +292,47 @@ def test_masks_are_fresh_per_path_position_and_step_and_reset_reseeds(cls):
     assert not torch.equal(masks(build(8)), step1)
     policy.reset()
     assert torch.equal(masks(policy), step1)  # reset() starts the masks over
+
+
+@settings(max_examples=20)
+@given(cls=st.sampled_from(CLASSES), seeds=st.lists(st.integers(0, 2**63 - 1), min_size=2, max_size=2, unique=True))
+def test_without_a_seed_of_its_own_the_masks_follow_the_runs_seed(cls, seeds):
+    """The loop reseeds a policy with the run's seed (policy.reset(seed)): the same run seed gives
+    the same masks, another run seed other masks (P(equal) = 0.58^(4 x 3 x 64): never by chance)."""
+    num_paths, hidden_size = 4, 64
+    hidden = torch.ones(3, hidden_size, dtype=F64)
+    weight = torch.randn(9, hidden_size, generator=torch.Generator().manual_seed(1), dtype=F64)
+    step = Step(hidden, torch.tensor([0, 0]), None, 0)
+    policy = cls(paths=num_paths, prefetch=2) if cls is LazyDropMatch else cls(paths=num_paths)
+
+    def masks_after_reset(seed) -> torch.Tensor:
+        policy.reset(seed)
+        head = linear_head(weight)
+        policy(loop_input(policy, step, head, GREEDY))
+        return head.calls[0][3:] if isinstance(policy, LazyDropMatch) else head.calls[1]
+
+    first = masks_after_reset(seeds[0])
+    assert not torch.equal(masks_after_reset(seeds[1]), first)
+    assert torch.equal(masks_after_reset(seeds[0]), first)
+
+
+@given(cls=st.sampled_from(CLASSES), paths=st.integers(1, 8), rows=st.integers(1, 17), vocab=st.integers(2, 200_000),
+       hidden=st.integers(1, 8192))
+def test_the_size_check_refuses_whenever_the_path_logits_alone_do_not_fit(cls, paths, rows, vocab, hidden):
+    """K paths x rows of float32 logits (K x rows x V x 4 bytes) are allocated at every verify step;
+    with less memory free than that, check_sizes refuses in one line naming the paths; with ten
+    times what the policy holds at once (masks, dropped rows, logits, softmax), it passes."""
+    from minispec.model import memory
+
+    policy = cls(paths=paths)
+    logits_bytes = 4 * paths * rows * vocab
+    held = 4 * paths * rows * (2 * hidden + 2 * vocab)
+    with mock.patch.object(memory, "available_bytes", lambda device="cpu": logits_bytes - 1):
+        with pytest.raises(MinispecError) as err:
+            policy.check_sizes(rows, vocab, hidden, torch.device("cpu"))
+    assert f"paths={paths}" in str(err.value) and "\n" not in str(err.value)
+    with mock.patch.object(memory, "available_bytes", lambda device="cpu": 10 * held):
+        policy.check_sizes(rows, vocab, hidden, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("cls", CLASSES)

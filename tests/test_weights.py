@@ -744,3 +744,27 @@ def test_a_known_names_failed_conversion_is_one_line(monkeypatch):
     with pytest.raises(CheckpointError, match=r"^--draft qwen2.5-coder-0.5b-instruct: fetching and converting it "
                                               r"failed \(No space left on device\); expected room"):
         resolve_checkpoint("qwen2.5-coder-0.5b-instruct", what="--draft")
+
+
+class _Meta(dict):
+    """GGUF metadata as convert.hf_config reads it (get, and [] for the keys it requires)."""
+
+
+@given(arch=st.sampled_from(["llama", "qwen2", "qwen3"]), kv_heads=st.integers(1, 8), group=st.integers(1, 4),
+       head_dim=st.sampled_from([8, 16, 64, 128]), hidden=st.sampled_from([64, 128, 576, 1024, 1536]),
+       explicit=st.booleans())
+def test_the_head_size_is_key_length_where_given_else_width_over_query_heads(arch, kv_heads, group, head_dim, hidden,
+                                                                            explicit):
+    """llama.cpp's rule: attention.key_length when the file has it (Qwen3: 128 with 16 heads of a
+    1024 width), else embedding_length / attention.head_count, never over the key/value heads."""
+    heads = kv_heads * group
+    meta = _Meta({"general.architecture": arch, f"{arch}.embedding_length": hidden,
+                  f"{arch}.attention.head_count": heads, f"{arch}.attention.head_count_kv": kv_heads,
+                  f"{arch}.feed_forward_length": 4 * hidden, f"{arch}.block_count": 2,
+                  f"{arch}.attention.layer_norm_rms_epsilon": 1e-6, f"{arch}.rope.freq_base": 10000.0,
+                  f"{arch}.context_length": 256, "tokenizer.ggml.tokens": ["a", "b"]})
+    if explicit:
+        meta[f"{arch}.attention.key_length"] = head_dim
+    config = convert.hf_config(meta, set())
+    assert config["head_dim"] == (head_dim if explicit else hidden // heads)
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (heads, kv_heads)
