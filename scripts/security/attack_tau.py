@@ -32,6 +32,7 @@ seeded: the same flags give the same prompts and tokens (timings vary).
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 from pathlib import Path
@@ -170,12 +171,30 @@ def render(result: dict) -> str:
 # ---------------------------------------------------------------------------------------- main
 
 
+def built_policies(text: str) -> dict:
+    """--policies: {spec: policy object}, each spec parsed as --policy parses it."""
+    from minispec import acceptance
+    from minispec.errors import MinispecError
+    from minispec.generate.flags import policy_spec
+
+    built = {}
+    for spec in dict.fromkeys(p.strip() for p in text.split(",") if p.strip()):
+        try:
+            name, options = policy_spec(spec)
+            built[spec] = acceptance.get(name, **options)
+        except MinispecError as error:
+            raise argparse.ArgumentTypeError(f"--policies: {error}") from None
+    if not built:
+        raise argparse.ArgumentTypeError(f"--policies {text!r}: expected comma-separated rules")
+    return built
+
+
 def build_parser() -> benchlib.Parser:
     p = benchlib.script_parser(PROG, __doc__)
     p.add_argument("--drafters", type=str, default="ngram,early-exit:24,self:bf16",
                    help="comma-separated drafters: ngram, early-exit:N, self:bf16, or a draft model (folder or known "
                         "name)")
-    p.add_argument("--policies", type=str, default="exact,typical,fly,dropmatch-lazy:p=0.3",
+    p.add_argument("--policies", type=built_policies, default="exact,typical,fly,dropmatch-lazy:p=0.3",
                    help="comma-separated acceptance rules, each NAME[:key=value,...], evaluated benign and attacked")
     p.add_argument("--sets", type=benchlib.name_list("--sets", benchlib.PROMPT_SETS), default="humaneval,mt_bench",
                    help="comma-separated prompt sets")
@@ -193,26 +212,10 @@ def build_parser() -> benchlib.Parser:
     return p
 
 
-def built_policies(text: str) -> dict:
-    """--policies: {spec: policy object}, each spec parsed as --policy parses it."""
-    from minispec import acceptance
-    from minispec.errors import MinispecError
-    from minispec.generate.flags import policy_spec
-
-    built = {}
-    for spec in dict.fromkeys(p.strip() for p in text.split(",") if p.strip()):
-        try:
-            name, options = policy_spec(spec)
-            built[spec] = acceptance.get(name, **options)
-        except MinispecError as error:
-            raise MinispecError(f"--policies: {error}") from None
-    return built
-
-
 def run(args, ckpt: Path) -> dict:
     import minispec
 
-    built = built_policies(args.policies)
+    built = args.policies  # {spec: policy}
     drafter_specs = [d for d in args.drafters.split(",") if d.strip()]
     if not benchlib.runs_here(PROG, args.dtype, args.kernels):
         raise benchlib.MinispecError(f"--kernels {args.kernels} --dtype {args.dtype}: not on this CPU; expected "
