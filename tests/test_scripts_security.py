@@ -61,10 +61,12 @@ def test_the_search_keeps_only_prompts_with_the_benign_output_and_never_raises_t
     with torch.inference_mode():
         found = attack_tau.search(target, tokenizer, text, drafter, 4, 12, [], rounds=3, candidates=4, seed=1)
         benign = attack_tau.greedy_run(target, tokenizer, text, None, "exact", 4, 12, [])
-        attacked = attack_tau.greedy_run(target, tokenizer, found["attacked_text"], None, "exact", 4, 12, [])
-        spec = attack_tau.greedy_run(target, tokenizer, found["attacked_text"], drafter, "exact", 4, 12, [])
-    assert attacked.tokens == benign.tokens  # the target's greedy output is unchanged
-    assert found["attacked_tau"] == spec.stats["tau"] <= found["benign_tau"]
+        same = attack_tau.greedy_run(target, tokenizer, found["same_text"], None, "exact", 4, 12, [])
+        spec_same = attack_tau.greedy_run(target, tokenizer, found["same_text"], drafter, "exact", 4, 12, [])
+        spec_any = attack_tau.greedy_run(target, tokenizer, found["any_text"], drafter, "exact", 4, 12, [])
+    assert same.tokens == benign.tokens  # "same": the target's greedy output is unchanged
+    assert found["same_tau"] == spec_same.stats["tau"] <= found["benign_tau"]
+    assert found["any_tau"] == spec_any.stats["tau"] <= found["same_tau"]  # "any" minimises over more
     assert found["candidates"] == 12 and 0 <= found["valid_candidates"] <= 12
 
 

@@ -10,13 +10,15 @@ such search, per drafter and prompt, at temperature 0:
 
     score(prompt)  = tau of greedy speculative decoding with the exact policy (lossless: its output
                      IS the target's greedy output, so one run gives both)
-    valid(prompt)  = its output equals the benign prompt's, token for token
     each round:    --candidates perturbations of the current prompt's text (a typo swapping two
                    letters, a word's first letter re-cased, a space doubled, a punctuation mark
-                   dropped, a neutral suffix appended), drawn with a seeded random.Random; keep the
-                   valid one with the lowest tau if it is below the current one
+                   dropped, a neutral suffix appended), drawn with a seeded random.Random; the one
+                   with the lowest tau becomes the current prompt if it is below the current tau
+    kept:          "same", the lowest-tau candidate whose output equals the benign prompt's token
+                   for token (the collapse nobody notices), and "any", the lowest-tau candidate
+                   whatever its output (an attacker who only wants the slowdown)
 
-Then, on the benign and the attacked prompt alike, in turn (one run, so a drift in the machine's
+Then, on the benign prompt and the two attacked ones, in turn (one run, so a drift in the machine's
 speed hits both): plain greedy decoding (the baseline of every speed-up); each --policies rule
 (tau, tok/s, speed-up, whether its output equals the target's greedy output); and the exact rule
 with the per-request fallback (minispec.chain.draft_length.Fallback) at this drafter's measured
@@ -48,6 +50,7 @@ from minispec.cli import ranged  # noqa: E402
 PROG = "attack_tau"
 SUFFIXES = (" ", "\n", " Thanks.", " Please.", "\n\nThank you!")
 PUNCTUATION = ".,;:!?"
+SIDES = ("benign", "same", "any")  # the benign prompt, the attack that keeps the output, the one that need not
 
 
 def perturb(text: str, rng: random.Random) -> str:
@@ -85,25 +88,32 @@ def greedy_run(model, tokenizer, text: str, drafter, policy: str, gamma: int, ma
 
 def search(model, tokenizer, text: str, drafter, gamma: int, max_new: int, eos, rounds: int, candidates: int,
            seed: int) -> dict:
-    """The greedy search above: the attacked text, its tau, and every candidate's (tau, valid)."""
+    """The greedy search above. It climbs on tau alone (an attacker who wants the slowdown at any
+    price), and keeps, among every candidate it tried, the lowest-tau one whose output is the benign
+    prompt's ("same": the collapse nobody sees) beside the lowest-tau one overall ("any")."""
     benign = greedy_run(model, tokenizer, text, drafter, "exact", gamma, max_new, eos)
-    best_text, best_tau = text, benign.stats["tau"]
+    current = (text, benign.stats["tau"])
+    same = any_output = current
     rng = random.Random(seed)
     tried = []
     for _ in range(rounds):
-        round_best = None
+        best_of_round = None
         for _ in range(candidates):
-            candidate = perturb(best_text, rng)
+            candidate = perturb(current[0], rng)
             out = greedy_run(model, tokenizer, candidate, drafter, "exact", gamma, max_new, eos)
-            valid = out.tokens == benign.tokens
-            tried.append({"tau": out.stats["tau"], "valid": valid})
-            if valid and out.stats["tau"] < (round_best or (None, best_tau))[1]:
-                round_best = (candidate, out.stats["tau"])
-        if round_best is not None:
-            best_text, best_tau = round_best
-    return {"benign_tau": benign.stats["tau"], "attacked_tau": best_tau, "attacked_text": best_text,
-            "candidates": len(tried), "valid_candidates": sum(t["valid"] for t in tried),
-            "changed": best_text != text}
+            tau, valid = out.stats["tau"], out.tokens == benign.tokens
+            tried.append({"tau": tau, "valid": valid})
+            if valid and tau < same[1]:
+                same = (candidate, tau)
+            if tau < any_output[1]:
+                any_output = (candidate, tau)
+            if best_of_round is None or tau < best_of_round[1]:
+                best_of_round = (candidate, tau)
+        if best_of_round[1] < current[1]:
+            current = best_of_round
+    return {"benign_tau": benign.stats["tau"], "same_tau": same[1], "same_text": same[0],
+            "any_tau": any_output[1], "any_text": any_output[0], "candidates": len(tried),
+            "valid_candidates": sum(t["valid"] for t in tried)}
 
 
 def break_even(model, tokenizer, text: str, drafter, gamma: int, max_new: int, eos) -> float:
@@ -138,7 +148,7 @@ def summarise(records: list[dict]) -> list[dict]:
         sel = [r for r in records if r["drafter"] == drafter]
         for label in sel[0]["benign"]:
             row = {"drafter": drafter, "config": label, "prompts": len(sel), "break_even": sel[0]["break_even"]}
-            for side in ("benign", "attacked"):
+            for side in SIDES:
                 row[f"{side}_tau"] = median(r[side][label]["tau"] for r in sel)
                 row[f"{side}_speed"] = median(r[side][label].get("speed") for r in sel)
                 row[f"{side}_same"] = sum(r[side][label]["same_as_greedy"] for r in sel)
@@ -148,21 +158,25 @@ def summarise(records: list[dict]) -> list[dict]:
 
 def render(result: dict) -> str:
     s = result["settings"]
-    intro = (f"T = 0, gamma {s['gamma']}, up to {s['max_new_tokens']} new tokens; {s['num_prompts']} prompts "
-             f"({', '.join(s['sets'])}); search: {s['rounds']} rounds x {s['candidates']} candidates, kept only if the "
-             f"target's greedy output is unchanged; target {s['dtype']} {s['kernels']}. Medians over prompts. speed = "
+    intro = (f"T = 0, gamma {s['gamma']}, {s['max_new_tokens']} new tokens; {s['num_prompts']} prompts "
+             f"({', '.join(s['sets'])}); search: {s['rounds']} rounds x {s['candidates']} candidates; target "
+             f"{s['dtype']} {s['kernels']}. 'same' = the lowest-tau perturbed prompt whose greedy output is the benign "
+             "one's, token for token; 'any' = the lowest-tau one whatever its output. Medians over prompts. speed = "
              "tok/s over plain tok/s on the same prompt text in the same run; '= greedy' counts outputs equal to the "
-             "target's greedy output; tau* = the drafter's measured break-even (exact+fallback's setting).\n")
-    search_rows = [[r["drafter"], r["set"] + f"#{r['prompt']}", fmt(r["search"]["benign_tau"]),
-                    fmt(r["search"]["attacked_tau"]), f"{r['search']['valid_candidates']}/{r['search']['candidates']}",
-                    repr(r["search"]["attacked_text"][-60:])] for r in result["records"]]
-    table1 = md_table(["drafter", "prompt", "benign tau", "attacked tau", "valid candidates", "attacked text (end)"],
-                      search_rows)
-    table2 = md_table(["drafter", "config", "tau*", "benign tau", "attacked tau", "benign speed", "attacked speed",
-                       "= greedy (benign / attacked)"],
-                      [[r["drafter"], r["config"], fmt(r["break_even"]), fmt(r["benign_tau"]), fmt(r["attacked_tau"]),
-                        fmt(r["benign_speed"], ".2f", "x"), fmt(r["attacked_speed"], ".2f", "x"),
-                        f"{r['benign_same']}/{r['prompts']} / {r['attacked_same']}/{r['prompts']}"]
+             "target's greedy output on that prompt; tau* = the drafter's measured break-even (exact+fallback's "
+             "setting).\n")
+    table1 = md_table(["drafter", "prompt", "benign tau", "same-output tau", "any-output tau", "kept the output",
+                       "same-output prompt (end)"],
+                      [[r["drafter"], r["set"] + f"#{r['prompt']}", fmt(r["search"]["benign_tau"]),
+                        fmt(r["search"]["same_tau"]), fmt(r["search"]["any_tau"]),
+                        f"{r['search']['valid_candidates']}/{r['search']['candidates']}",
+                        repr(r["search"]["same_text"][-50:])] for r in result["records"]])
+    table2 = md_table(["drafter", "config", "tau*", "tau: benign / same / any", "speed: benign / same / any",
+                       "= greedy: benign / same / any"],
+                      [[r["drafter"], r["config"], fmt(r["break_even"]),
+                        " / ".join(fmt(r[f"{side}_tau"]) for side in SIDES),
+                        " / ".join(fmt(r[f"{side}_speed"], ".2f", "x") for side in SIDES),
+                        " / ".join(f"{r[f'{side}_same']}/{r['prompts']}" for side in SIDES)]
                        for r in result["rows"]])
     return "\n".join(["# minispec: tau under attack\n", benchlib.record_markdown(result["run"]), intro,
                       "## The search\n", table1 + "\n", "## Benign and attacked, per rule\n", table2 + "\n"])
@@ -236,11 +250,12 @@ def run(args, ckpt: Path) -> dict:
                                args.candidates, args.seed + prompt.index)
                 record = {"drafter": spec, "set": prompt.set, "prompt": prompt.index, "break_even": tau_star,
                           "search": found}
-                for side, text in (("benign", prompt.text), ("attacked", found["attacked_text"])):
+                for side, text in (("benign", prompt.text), ("same", found["same_text"]), ("any", found["any_text"])):
                     record[side] = evaluate(model, tokenizer, text, drafter, built, gamma, max_new, [], tau_star)
                 records.append(record)
-                print(f"{PROG}: {spec} {prompt.set}#{prompt.index}: tau {found['benign_tau']:.2f} -> "
-                      f"{found['attacked_tau']:.2f}", file=sys.stderr)
+                print(f"{PROG}: {spec} {prompt.set}#{prompt.index}: tau {found['benign_tau']:.2f}; same output "
+                      f"{found['same_tau']:.2f}; any output {found['any_tau']:.2f} ({found['valid_candidates']}/"
+                      f"{found['candidates']} candidates kept the output)", file=sys.stderr)
     return {"settings": {"sets": list(args.sets), "prompts": args.prompts, "num_prompts": len(prompts),
                          "rounds": args.rounds, "candidates": args.candidates, "gamma": gamma,
                          "max_new_tokens": max_new, "drafters": drafter_specs, "policies": list(built),
