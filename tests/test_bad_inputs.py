@@ -551,6 +551,8 @@ ROWS: list[Row] = [
     cli("draft-vocab-with-ngram", f"{G} --draft ngram --draft-vocab 1000", 2, "--draft-vocab", "ngram"),
     cli("draft-kernels-with-self-draft", f"{G} --draft self:int8 --draft-kernels int8", 2, "--draft-kernels",
         "self:int8"),
+    cli("draft-kernels-int8-on-a-float64-draft", f"{G} --dtype float64 --draft CKPT --draft-kernels int8", 2,
+        "--draft-kernels 'int8': the draft model is torch.float64"),
     cli("draft-vocab-without-draft", f"{G} --draft-vocab 1000", 2, "--draft-vocab", "--draft"),
     cli("draft-vocab-zero", f"{G} --draft CKPT --draft-vocab 0", 2, "--draft-vocab"),
     cli("draft-vocab-too-big", f"{G} --draft CKPT --draft-vocab 100000", 2, "--draft-vocab", "[1, 259]"),

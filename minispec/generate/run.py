@@ -175,7 +175,8 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:
     try:
         kernels.apply_drafter(drafter, draft_kind)
     except MinispecError as err:  # the draft's kind is --draft-kernels, not --kernels
-        raise MinispecError(in_flags(str(err), {"kind": "--draft-kernels"})) from None
+        raise MinispecError(in_flags(str(err), {"kind": "--draft-kernels"}).replace("the model", "the draft model")
+                            ) from None
     if kind == "compiled":
         if not args.json:
             print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
