@@ -758,7 +758,7 @@ CATALOGUE = [
            "        record_step(steps, g, n, len(emitted), decision.info)\n",
            "        record_step(steps, g, n, len(emitted) + (steps.num_steps == 0), decision.info)\n",
            "the prefill's token counted as emitted by the first verify step (tau inflated)",
-           ("tests/test_stats.py",)),
+           ("tests/test_speculative.py",)),
     Mutant("batch-passes-count-finished-rows", "minispec/batch/speculative.py",
            "                on_tokens(row.index, emitted, min(n, len(emitted)), g)\n        pooled.add_pass(len(running))\n",
            "                on_tokens(row.index, emitted, min(n, len(emitted)), g)\n        pooled.add_pass(len(rows))\n",
