@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from minispec.acceptance import ExactMatch, FLy, SpeculativeSampling, get
 from minispec.acceptance.sampling import correction_or_bonus
 from minispec.errors import MinispecError
-from minispec.model.sampling import SamplingParams
 from minispec.testing import decided, seeds, verify_input
 from test_policy_traversal import chains
 

@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from hypothesis import given, strategies as st
 
