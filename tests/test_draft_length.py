@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from minispec.chain import draft_length
-from minispec.chain.draft_length import DraftLength, Fallback, Fixed, Heuristic
+from minispec.chain.draft_length import DraftLength, Fallback, Fixed, Heuristic, Priced, best_length, expected_tokens
 from minispec.chain.drafters import ModelDrafter, NgramDrafter, confidence, make_drafter
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams
@@ -111,6 +111,78 @@ def test_fallback_is_per_request_and_resets():
     schedule = Fallback(3, break_even=3.0, window=1, probe=10)
     assert lengths(schedule, [(3, 0)]) == [3, 0]
     assert lengths(schedule, []) == [3]  # a new generation starts on
+
+
+@given(g=st.integers(0, 30), alpha=st.floats(0.0, 1.0))
+def test_expected_tokens_is_the_geometric_sum(g, alpha):
+    """E(g) = sum_{i=0..g} alpha^i: the bonus or correction token, plus draft i kept with chance alpha^i."""
+    assert math.isclose(expected_tokens(g, alpha), sum(alpha ** i for i in range(g + 1)), rel_tol=1e-9, abs_tol=1e-12)
+
+
+@given(costs=st.lists(st.floats(0.05, 20.0), min_size=1, max_size=10), alpha=st.floats(0.0, 1.0),
+       lowest=st.integers(0, 9))
+def test_best_length_maximises_expected_tokens_per_cost(costs, alpha, lowest):
+    lowest = min(lowest, len(costs) - 1)
+    g = best_length(costs, alpha, lowest)
+    rates = [expected_tokens(k, alpha) / costs[k] for k in range(len(costs))]
+    assert lowest <= g < len(costs)
+    assert rates[g] == max(rates[lowest:]) and all(r < rates[g] for r in rates[lowest:g])  # the smallest best
+
+
+def test_best_length_drafts_all_when_drafts_are_free_and_none_when_they_never_land():
+    assert best_length([1.0] * 7, 0.5) == 6  # a verify as cheap as a step, drafts for nothing: every token pays
+    assert best_length([1.0, 1.1, 1.2, 1.3], 0.0) == 0  # nothing is ever accepted: any draft only costs
+    steep = [1.0, 1.3, 1.7, 2.2, 2.8, 3.5]  # a verify that climbs with its rows (fp16 on AVX2, say)
+    assert best_length(steep, 0.95) == 3 and best_length([1.0, 1.05, 1.1, 1.15, 1.2, 1.25], 0.95) == 5
+
+
+def test_priced_estimates_alpha_from_trials_over_its_window():
+    schedule = Priced(4, [1.0, 1.1, 1.2, 1.3, 1.4], start=0.5, prior=2.0, window=2)
+    assert schedule.alpha == 0.5
+    schedule.update(4, 4)  # 4 trials, 4 kept (no rejection to count)
+    assert schedule.alpha == (4 + 1) / (4 + 2)
+    schedule.update(4, 1)  # kept 1, then the rejection: 2 trials
+    assert schedule.alpha == (5 + 1) / (6 + 2)
+    schedule.update(3, 0)  # the window (2) drops the first step
+    assert schedule.alpha == (1 + 0 + 1) / (2 + 1 + 2)
+    schedule.update(0, 0)  # nothing drafted: no evidence
+    assert schedule.alpha == (1 + 0 + 1) / (2 + 1 + 2)
+    schedule.reset()
+    assert schedule.alpha == 0.5 and schedule.recent == []
+
+
+def test_priced_costs_are_in_plain_steps_and_checked():
+    assert Priced(2, [2.0, 3.0, 4.0]).costs == [1.0, 1.5, 2.0]
+    for costs, words in [([1.0, 1.1], "expected gamma + 1 = 3"), ([1.0, float("nan"), 1.0], "finite positive"),
+                         ([1.0, 0.0, 1.0], "finite positive"), ([1.0, -1.0, 1.0], "finite positive"),
+                         ([True, 1.0, 1.0], "finite positive"), ("1,2,3", "finite positive")]:
+        with pytest.raises(MinispecError) as err:
+            Priced(2, costs)
+        assert words in one_line(err) and "auto draft length: costs" in str(err.value)
+    for option, value in [("start", 1.5), ("start", float("nan")), ("prior", 0.0), ("window", 0), ("probe", 2.5),
+                          ("window", True)]:
+        with pytest.raises(MinispecError) as err:
+            Priced(2, [1.0, 1.0, 1.0], **{option: value})
+        assert f"auto draft length: {option} = " in one_line(err)
+    with pytest.raises(MinispecError) as err:
+        draft_length.get("auto", 5)
+    assert "Priced(gamma, costs)" in one_line(err)
+
+
+@given(costs=st.lists(st.floats(0.2, 10.0), min_size=2, max_size=7), start=st.floats(0.0, 1.0),
+       probe=st.integers(1, 6), steps=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), max_size=40))
+def test_priced_answers_the_best_length_at_its_alpha_and_probes_when_none_pays(costs, start, probe, steps):
+    gamma = len(costs) - 1
+    schedule = Priced(gamma, costs, start=start, probe=probe)
+    off = 0  # steps in a row without a draft
+    for drafted, accepted in steps:
+        g = schedule.next()
+        best = best_length(schedule.costs, schedule.alpha)
+        assert g == best or (best == 0 and off + 1 >= probe and g == best_length(schedule.costs, schedule.alpha, 1))
+        drafted = min(drafted, g)
+        schedule.update(drafted, min(accepted, drafted))
+        off = off + 1 if drafted == 0 else 0
+        assert 0.0 <= schedule.alpha <= 1.0
 
 
 def test_get_builds_by_name_and_passes_objects_through():
@@ -241,11 +313,28 @@ def test_fallback_decodes_plainly_when_the_draft_never_agrees_and_never_when_it_
     assert all(r.inp.gamma == min(4, 40 - 1 - 5 * i - 1) for i, r in enumerate(records))  # never off
 
 
-@pytest.mark.parametrize("schedule", ["fixed", "heuristic", "fallback:2"])
+@settings(max_examples=25)
+@given(setup=loop_setups(), kind=st.sampled_from(DRAFT_KINDS), n_new=st.integers(1, 20),
+       costs=st.lists(st.floats(0.2, 4.0), min_size=2, max_size=7), start=st.floats(0.0, 1.0))
+def test_priced_greedy_equals_plain_greedy(setup, kind, n_new, costs, start):
+    """Whatever the prices, the auto schedule only chooses how many to draft: exact greedy is plain greedy."""
+    cfg, seed, prompt = setup
+    gamma = len(costs) - 1
+    target = random_model(cfg, seed, scale=3.0)
+    plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
+    records = []
+    spec = generate(target, prompt, max_new_tokens=n_new, draft=build_draft(kind, target, seed), policy="exact",
+                    gamma=gamma, draft_length=Priced(gamma, costs, start=start), eos_token_ids=[],
+                    on_step=records.append)
+    assert spec.tokens == plain.tokens and spec.stats["draft_length"] == "auto"
+    assert all(0 <= r.inp.gamma <= gamma for r in records)
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "heuristic", "fallback:2", "auto"])
 def test_same_seed_same_tokens_with_a_schedule_object_reused(schedule):
     target = random_model(tiny_config(), 0)
     drafter = ModelDrafter(random_model(tiny_config(), 1), p_min=0.2)
-    shared = draft_length.get(schedule, 5)
+    shared = Priced(5, [1.0, 1.2, 1.5, 1.9, 2.4, 3.0]) if schedule == "auto" else draft_length.get(schedule, 5)
     runs = [generate(target, [1, 2, 3], max_new_tokens=20, draft=drafter, policy="sampling", temperature=1.0,
                      seed=s, draft_length=shared, eos_token_ids=[]).tokens for s in (7, 7, 8)]
     assert runs[0] == runs[1]

@@ -194,9 +194,12 @@ def build_parser() -> Parser:
                         "name")
     s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5,
                    help="draft length per verify step (with --draft-length heuristic: the most)")
-    s.add_argument("--draft-length", type=draft_length_spec, default="fixed", metavar="fixed|heuristic|fallback:TAU",
+    s.add_argument("--draft-length", type=draft_length_spec, default="fixed",
+                   metavar="fixed|heuristic|auto|fallback:TAU",
                    help="fixed: gamma every step; heuristic: +2 after a fully accepted draft, -1 otherwise, "
-                        "between 1 and gamma (transformers' schedule); fallback:TAU: plain decoding for this "
+                        "between 1 and gamma (transformers' schedule); auto: the length (0..gamma) with the most "
+                        "expected tokens per second, from this CPU's measured verify and draft costs (once per "
+                        "machine) and this prompt's acceptance so far; fallback:TAU: plain decoding for this "
                         "prompt while its recent tokens per step are below TAU, the break-even "
                         "(docs/security.md)")
     s.add_argument("--draft-p-min", type=ranged(float, "--draft-p-min", lo=0, hi=1), default=0.0,
@@ -296,10 +299,10 @@ def dropout_p(text: str) -> float | str:
 
 
 def draft_length_spec(text: str) -> str:
-    """--draft-length: fixed, heuristic or fallback:TAU with TAU a number (its range, 1..gamma+1, is
-    checked with --gamma in check_flags)."""
+    """--draft-length: fixed, heuristic, auto or fallback:TAU with TAU a number (its range, 1..gamma+1,
+    is checked with --gamma in check_flags)."""
     name, colon, value = text.partition(":")
-    if text in ("fixed", "heuristic"):
+    if text in ("fixed", "heuristic", "auto"):
         return text
     if name == "fallback":
         try:
@@ -307,7 +310,7 @@ def draft_length_spec(text: str) -> str:
             return text
         except ValueError:
             pass
-    raise argparse.ArgumentTypeError(f"--draft-length {text!r}: expected fixed, heuristic or fallback:TAU with TAU "
+    raise argparse.ArgumentTypeError(f"--draft-length {text!r}: expected fixed, heuristic, auto or fallback:TAU with TAU "
                                      "the tokens per step below which speculation loses (e.g. fallback:1.5)")
 
 
@@ -435,6 +438,9 @@ def check_flags(args: GenerateArgs) -> None:
             if not 1 <= break_even <= args.gamma + 1:
                 raise MinispecError(f"--draft-length {args.draft_length}: the break-even is tokens per step; expected "
                                     f"a number in 1..--gamma + 1 = {args.gamma + 1}")
+        if dest == "draft_length" and args.draft_length == "auto" and args.batch_size is not None:
+            raise MinispecError("--draft-length auto: prices one prompt's verify pass, not a batch's; expected one of "
+                                "--batch-size and --draft-length auto")
         if dest == "batch_size" and args.prompt_file is None:
             raise MinispecError("--batch-size: runs the prompts of a file, one per line; expected --prompt-file FILE "
                                 "(or - for stdin) with it")

@@ -147,6 +147,20 @@ def kernels_line(s: dict) -> str:
     return f"; kernels: target {s['kernels']} ({s.get('dtype', '?')}){draft}"
 
 
+def draft_length_line(s: dict) -> str:
+    """', draft length auto: 3.1 drafted per drafted step, 2 plain steps (step costs 1, 1.1, ...)': the
+    schedule when it is not fixed (empty for fixed or a tree)."""
+    name = s.get("draft_length", "fixed")
+    if name == "fixed":
+        return ""
+    mean = f"{s['num_drafted'] / s['drafted_steps']:.1f}" if s.get("drafted_steps") else "-"
+    costs = "" if "draft_costs" not in s else \
+        " (step cost of 0..gamma drafts, in plain steps: " + ", ".join(f"{c:.2f}" for c in s["draft_costs"]) + ")"
+    plain = s["no_draft_steps"]
+    return f", draft length {name}: {mean} drafted per drafted step, {plain} step{'s' * (plain != 1)} without a " \
+        "draft" + costs
+
+
 def format_stats(s: dict) -> str:
     """A few readable lines of the loop's statistics (a batch's: pooled over its prompts, plus a line of its own)."""
     batch = "" if "num_prompts" not in s else (
@@ -156,7 +170,7 @@ def format_stats(s: dict) -> str:
         return f"plain decoding: {s['target_forwards']} target forwards" + kernels_line(s) + batch
     per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position_acceptance"])
     lines = [
-        f"drafter {s['drafter']}, policy {s['policy']}, gamma {s['gamma']}",
+        f"drafter {s['drafter']}, policy {s['policy']}, gamma {s['gamma']}" + draft_length_line(s),
         f"tau {s['tau']:.2f} tokens/step (incl. the correction/bonus token), acceptance rate {s['acceptance_rate']:.2f}",
         f"mean accepted length over the {s['drafted_steps']} steps with drafts (vLLM's, llama.cpp's): "
         + ("-" if s["tau_drafted"] is None else f"{s['tau_drafted']:.2f}"),

@@ -95,7 +95,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
     if drafter is not None:
         options.update(draft=drafter, policy=policy, gamma=args.gamma)
         if args.tree is None:
-            options.update(draft_length=args.draft_length)
+            options.update(draft_length=_draft_length(args, model, drafter))
         else:  # the chain drafter's tree form (built by the tree chapter, on the model the kernels rewrote)
             from minispec.trees.drafters import TreeSpec
 
@@ -117,6 +117,8 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
     if args.policy in DROPMATCH_POLICIES:
         result.stats["dropout_p"] = p
     result.stats.update(ran, dtype=str(model.weights_dtype if hasattr(model, "weights_dtype") else model.dtype))
+    if hasattr(options.get("draft_length"), "costs"):  # auto: the prices it chose by
+        result.stats["draft_costs"] = options["draft_length"].costs
     if args.vs_plain:  # the same prompt and settings without the draft, timed the same way, after it
         plain = generate(model, prompt_ids, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_ids=tokenizer.eos_token_ids,
@@ -153,6 +155,16 @@ def load(args: GenerateArgs):
     check_tokenizer_fits(tokenizer, model, ckpt)
     drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
     return model, tokenizer, drafter, ckpt
+
+
+def _draft_length(args: GenerateArgs, model, drafter):
+    """--draft-length: its name, or for auto a Priced schedule over this machine's measured step costs
+    (after the kernels are applied: the prices are those of the kinds that run)."""
+    if args.draft_length != "auto":
+        return args.draft_length
+    from minispec.kernels import step_cost
+
+    return step_cost.priced(model, drafter, args.gamma)
 
 
 def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:

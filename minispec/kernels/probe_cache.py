@@ -1,7 +1,7 @@
 """The kernel probe's answers kept on disk: a choice made by measurement is made once per machine.
 
 --draft-kernels auto times each candidate kind on this CPU (measure.fastest_kind) and takes the
-fastest. Timings are noisy, and two kinds that are close could swap places from one run to the
+fastest; --draft-length auto prices each draft length (step_cost.costs). Timings are noisy, and two kinds that are close could swap places from one run to the
 next. Their roundings differ (bfloat16 against float16 weights), so the draft's probabilities
 q_draft would differ too, and at T > 0 the same seed would give other text. Keeping the first
 answer makes the choice, and so the output, repeatable on one machine:
@@ -9,7 +9,7 @@ answer makes the choice, and so the output, repeatable on one machine:
     key    = the machine (CPU model and flags, logical CPUs, torch threads, torch version, the ISA caps
              ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA / FBGEMM_ENABLE_INSTRUCTIONS) and the
              question (candidate kinds, layer shape, dtype)
-    value  = the kind measured fastest
+    value  = the kind measured fastest, or the step costs (a string of comma-separated numbers)
 
 The answers live in probe.json in MINISPEC_HOME if set, else in minispec's user cache folder
 (checkpoints.disk.user_cache_dir). Delete the file to measure again. A file that cannot be read
@@ -60,13 +60,16 @@ def machine_key() -> str:
     return f"{cpu_name()}|cpus={os.cpu_count()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{caps}"
 
 
-def load(question: str, answers: tuple[str, ...], path: Path | None = None) -> str | None:
-    """The stored answer to `question` on this machine, if there is one and it is among `answers`."""
+def load(question: str, answers: tuple[str, ...] | None = None, path: Path | None = None) -> str | None:
+    """The stored answer to `question` on this machine, if there is one and it is among `answers` (any
+    string where answers is None: the caller checks it)."""
     try:
         stored = json.loads((path or cache_path()).read_text())
         answer = stored.get(machine_key(), {}).get(question)
     except (OSError, ValueError, AttributeError, RuntimeError):  # no file, not JSON, not a dict, ~user unknown
         return None
+    if answers is None:
+        return answer if isinstance(answer, str) else None
     return answer if answer in answers else None
 
 

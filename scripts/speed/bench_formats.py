@@ -17,8 +17,10 @@ with one line):
 3. end to end on the first --prompts HumanEval prompts, T = 0, --new-tokens tokens: plain
    decoding (tok/s, share of the bound, the tokens before the first difference from float32's
    and whether the two logits there are a near-tie), and speculative decoding with the n-gram
-   draft and with --draft in --draft-format at each --gammas (tok/s, tau, speed-up over the same
-   format's plain decoding, output = that plain decoding's).
+   draft and with --draft in --draft-format at each --gammas, and with each drafter's draft length
+   chosen per step by --draft-length auto up to the largest gamma (minispec.kernels.step_cost: this
+   format's measured pass costs; "auto<=G", with the mean drafted per drafted step) (tok/s, tau,
+   speed-up over the same format's plain decoding, output = that plain decoding's).
 
 4. the draft's own step (--draft in --draft-format, k = 1) against its bound, its bytes / B, and
    the tau each drafter must reach for 1.8x over plain decoding (tau_needed).
@@ -49,6 +51,7 @@ import torch  # noqa: E402
 
 from minispec.cli import ranged  # noqa: E402
 from minispec.kernels import measure as probe  # noqa: E402
+from minispec.kernels import step_cost as prices  # noqa: E402  (this script has a step_cost of its own)
 
 PROG = "bench_formats"
 FORMATS, BYTES_PER_WEIGHT = benchlib.FORMATS, benchlib.BYTES_PER_WEIGHT
@@ -159,14 +162,19 @@ def measure(args, ckpt) -> dict:
                         "pass_ms": {k: 1000 * s for k, s in seconds.items()},
                         "floor_ms": {k: 1000 * k * 2 * weights / (gflops * 1e9) for k in seconds}})
         generate(model, prompts[0].ids, max_new_tokens=4, eos_token_ids=eos)  # warm-up: the first call's one-off costs
-        configs = {"plain": None, **{f"n-gram g{g}": ("ngram:3", g) for g in args.gammas}}
+        top = max(args.gammas)
+        ngram = make_drafter("ngram:3", model)
+        configs = {"plain": None, **{f"n-gram g{g}": (ngram, g) for g in args.gammas},
+                   f"n-gram auto<={top}": (ngram, top, prices.priced(model, ngram, top))}
         if draft is not None:
             configs.update({f"{draft.name} g{g}": (draft, g) for g in args.gammas})
+            configs[f"{draft.name} auto<={top}"] = (draft, top, prices.priced(model, draft, top))
         for prompt in prompts:
             plain_tokens = None
             for config, spec in configs.items():
-                options = {} if spec is None else {"draft": make_drafter(spec[0], model) if isinstance(spec[0], str)
-                                                   else spec[0], "gamma": spec[1]}
+                options = {} if spec is None else {"draft": spec[0], "gamma": spec[1]}
+                if spec is not None and len(spec) == 3:
+                    options["draft_length"] = spec[2]
                 t0 = time.perf_counter()
                 result = generate(model, prompt.ids, max_new_tokens=args.new_tokens, eos_token_ids=eos, **options)
                 seconds = time.perf_counter() - t0
@@ -176,6 +184,9 @@ def measure(args, ckpt) -> dict:
                              "tps": len(result.tokens) / seconds,
                              "decode_tps": result.stats.get("decode_tokens_per_second"),
                              "tau": result.stats.get("tau"), "generated": len(result.tokens),
+                             "drafted_per_drafted_step": ratio(result.stats.get("num_drafted"),
+                                                               result.stats.get("drafted_steps")),
+                             "costs": None if spec is None or len(spec) < 3 else spec[2].costs,
                              "equals_plain": result.tokens == plain_tokens,
                              "float32_prefix": differ, "near_tie": None if differ is None or spec is not None
                              else near_tie(reference, prompt.ids, want[prompt.source_id], differ)})
@@ -203,6 +214,8 @@ def summarize(result: dict) -> list[dict]:
                          "of_bound": None if config != "plain" else
                          median(r["decode_tps"] for r in these) / f["bound_tps"],
                          "tau": median(r["tau"] for r in these) if config != "plain" else None,
+                         "drafted": None if config == "plain" else
+                         median(r.get("drafted_per_drafted_step") for r in these),
                          "equals_plain": sum(r["equals_plain"] for r in these), "prompts": len(these),
                          "float32_equal": sum(r["float32_prefix"] is None for r in these),
                          "near_ties": sum(bool(r["near_tie"]) for r in these)})
@@ -277,9 +290,10 @@ def render(result: dict) -> str:
     lines.append(render_tau_needed(result, ks))
     lines.append("## End to end (HumanEval prompts, T = 0)\n")
     lines.append(md_table(["format", "config", "tok/s", "decode tok/s", "x own plain", "of bound", "tau",
-                           "= own plain", "= float32 greedy", "near-ties"],
+                           "drafted per drafted step", "= own plain", "= float32 greedy", "near-ties"],
                           [[r["format"], r["config"], fmt(r["tps"], ".1f"), fmt(r["decode_tps"], ".1f"),
                             fmt(r["x_plain"], ".2f") + "x", fmt(r["of_bound"], ".0%"), fmt(r["tau"], ".2f"),
+                            fmt(r["drafted"], ".1f"),
                             f"{r['equals_plain']}/{r['prompts']}", f"{r['float32_equal']}/{r['prompts']}",
                             str(r["near_ties"])] for r in summarize(result)]) + "\n")
     if result.get("llama_cpp"):

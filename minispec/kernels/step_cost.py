@@ -1,0 +1,89 @@
+"""What a speculative step costs on this CPU, in plain decoding steps: the prices --draft-length auto
+chooses its draft length from (chain/draft_length.Priced).
+
+A step of g drafts runs g draft forwards and one target pass of g + 1 rows:
+
+    c(g) = (t_pass(g + 1) + g x t_draft) / t_pass(1)          c(0) = 1
+
+t_pass(k) is measure.pass_costs: the target's blocks and LM head over k new rows, on a cache of
+`context` positions. t_draft is one new row through the drafter's own model (its first
+`num_layers` blocks for an early exit) and its head; a drafter without a model (n-gram lookup)
+costs 0 here, its lookup being far below a forward. The loop's own bookkeeping and the policy are
+left out: they are the same for every g to first order.
+
+The costs depend on the CPU, the kernels and the model shapes, and are measured with a clock, so
+two runs would price the lengths slightly differently; a lossy policy's output could then differ
+from run to run. As with --draft-kernels auto, the first measurement on a machine is kept
+(kernels/probe_cache.py, question: both models' shapes, kinds and dtypes, gamma) and reused, so the
+same seed gives the same tokens run after run. Delete probe.json to measure again.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minispec.chain.draft_length import Priced
+from minispec.kernels import kind_of, measure, probe_cache
+from minispec.model.transformer import Transformer
+
+CONTEXT = 32  # positions in the cache while timing: a short prompt (a prefill of the 1.5B's fp16 kind takes ~1 s)
+
+
+def _describe(model: Transformer, num_layers: int | None) -> str:
+    c = model.config
+    layers = c.num_layers if num_layers is None else num_layers
+    return f"{kind_of(model)}/{model.dtype}/d={c.hidden_size}/f={c.intermediate_size}/L={layers}/V={c.vocab_size}"
+
+
+def draft_seconds(drafter, reps: int = 10) -> float:
+    """Median seconds of one draft token: a one-row forward through the drafter's model (its first
+    num_layers blocks) and head, on a cache of CONTEXT positions; 0.0 for a drafter without a model."""
+    model = getattr(drafter, "model", None)
+    if not isinstance(model, Transformer):
+        return 0.0
+    num_layers = getattr(drafter, "num_layers", None)
+    cache = model.new_cache(1, CONTEXT + 1, num_layers=num_layers)
+    with torch.inference_mode():
+        model.forward_hidden(torch.zeros(1, CONTEXT, dtype=torch.long, device=model.device), cache,
+                             num_layers=num_layers)
+
+        def one():
+            hidden = model.forward_hidden(torch.zeros(1, 1, dtype=torch.long, device=model.device), cache,
+                                          num_layers=num_layers)  # [1, 1, d]
+            model.head(hidden[0, -1])  # [V]
+            cache.truncate(CONTEXT)
+
+        return measure.timed(one, reps)
+
+
+def measure_costs(target: Transformer, drafter, gamma: int, reps: int = 3) -> list[float]:
+    """c(0..gamma) (module docstring), measured now: gamma + 1 target pass widths, `reps` rounds each."""
+    cache = target.new_cache(1, CONTEXT + gamma + 1)
+    with torch.inference_mode():
+        target.forward_hidden(torch.zeros(1, CONTEXT, dtype=torch.long, device=target.device), cache)
+    passes = measure.pass_costs(target, cache, range(1, gamma + 2), lambda: cache.truncate(CONTEXT), reps=reps)
+    draft = draft_seconds(drafter)
+    return [(passes[g + 1] + g * draft) / passes[1] for g in range(gamma + 1)]
+
+
+def costs(target: Transformer, drafter, gamma: int) -> list[float]:
+    """c(0..gamma) for this target and drafter on this machine: the kept answer, else measured now and kept."""
+    model = getattr(drafter, "model", None)
+    draft = _describe(model, getattr(drafter, "num_layers", None)) if isinstance(model, Transformer) else "none"
+    question = f"step costs gamma={gamma} target={_describe(target, None)} draft={draft}"
+    kept = probe_cache.load(question)
+    try:
+        values = [float(v) for v in kept.split(",")] if kept is not None else None
+    except ValueError:
+        values = None
+    if values is None or len(values) != gamma + 1 or not all(math.isfinite(v) and v > 0 for v in values):
+        values = [round(v, 4) for v in measure_costs(target, drafter, gamma)]  # as kept: the next run's prices
+        probe_cache.store(question, ",".join(f"{v:.4f}" for v in values))
+    return values
+
+
+def priced(target: Transformer, drafter, gamma: int, **options) -> Priced:
+    """--draft-length auto: a Priced schedule over this machine's costs (options: Priced's)."""
+    return Priced(gamma, costs(target, drafter, gamma), **options)

@@ -1,0 +1,73 @@
+"""--draft-length auto prices each draft length on this CPU (kernels/step_cost.py): c(g) = (t_pass(g + 1)
++ g t_draft) / t_pass(1), measured once per machine and question and kept on disk, so the same seed
+drafts the same lengths run after run."""
+
+import json
+
+import pytest
+import torch
+
+from minispec.chain.draft_length import Priced
+from minispec.chain.drafters import make_drafter
+from minispec.kernels import probe_cache, step_cost
+from minispec.testing import random_model, tiny_config
+
+
+def target():
+    return random_model(tiny_config(), 0, dtype=torch.float32)
+
+
+def test_measured_costs_are_in_plain_steps_one_per_length():
+    model = target()
+    for draft in ("ngram", random_model(tiny_config(), 1, dtype=torch.float32), "early-exit:1"):
+        costs = step_cost.measure_costs(model, make_drafter(draft, model), 4)
+        assert len(costs) == 5 and costs[0] == 1.0 and all(c > 0 for c in costs)
+
+
+def test_a_draft_token_costs_a_forward_of_the_drafters_own_model_and_nothing_for_a_lookup():
+    model = target()
+    assert step_cost.draft_seconds(make_drafter("ngram", model)) == 0.0
+    assert step_cost.draft_seconds(make_drafter("early-exit:1", model)) > 0.0
+    assert step_cost.draft_seconds(None) == 0.0
+
+
+@pytest.fixture
+def measured(monkeypatch, tmp_path):
+    """The cache in a fresh MINISPEC_HOME; measure_costs replaced by a stand-in that counts its calls."""
+    monkeypatch.setenv("MINISPEC_HOME", str(tmp_path / "home"))
+    state = {"calls": 0, "answer": [1.0, 1.234567, 1.5, 2.0]}
+
+    def measure_costs(model, drafter, gamma, reps=3):
+        state["calls"] += 1
+        return list(state["answer"])[:gamma + 1]
+
+    monkeypatch.setattr(step_cost, "measure_costs", measure_costs)
+    return state
+
+
+def test_the_first_prices_are_kept_and_later_runs_use_them(measured):
+    model = target()
+    drafter = make_drafter("ngram", model)
+    first = step_cost.costs(model, drafter, 3)
+    assert first == [1.0, 1.2346, 1.5, 2.0] and measured["calls"] == 1  # rounded as kept, from the first run on
+    measured["answer"] = [1.0, 9.0, 9.0, 9.0]  # a later measurement would differ: the kept prices win
+    assert step_cost.costs(model, drafter, 3) == first and measured["calls"] == 1
+    schedule = step_cost.priced(model, drafter, 3)
+    assert isinstance(schedule, Priced) and schedule.costs == first and measured["calls"] == 1
+    assert step_cost.costs(model, drafter, 2) == [1.0, 9.0, 9.0] and measured["calls"] == 2  # another question
+    assert step_cost.costs(model, make_drafter("early-exit:1", model), 3) == [1.0, 9.0, 9.0, 9.0]  # another draft
+
+
+@pytest.mark.parametrize("stored", ["x,y", "1.0,2.0", "1.0,nan,1,1", "1.0,0,1,1", "1.0,-2,1,1"])
+def test_a_kept_answer_that_is_not_gamma_plus_one_positive_numbers_is_measured_again(measured, stored):
+    model = target()
+    drafter = make_drafter("ngram", model)
+    step_cost.costs(model, drafter, 3)
+    path = probe_cache.cache_path()
+    kept = json.loads(path.read_text())
+    for questions in kept.values():
+        for question in questions:
+            questions[question] = stored
+    path.write_text(json.dumps(kept))
+    measured["answer"] = [1.0, 1.1, 1.2, 1.3]
+    assert step_cost.costs(model, drafter, 3) == [1.0, 1.1, 1.2, 1.3] and measured["calls"] == 2
