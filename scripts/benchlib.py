@@ -441,6 +441,28 @@ def load_format(prog: str, folder: Path, name: str):
         return None
 
 
+def add_speculation_flags(p: Parser, drafters: str = "ngram,early-exit:24,self:bf16") -> Parser:
+    """--drafters, --gamma, --dtype and --kernels, as the scripts that speculate with several drafters
+    on one target (scripts/security/) take them; `speculation(prog, args)` reads them back."""
+    p.add_argument("--drafters", type=str, default=drafters,
+                   help="comma-separated drafters: ngram, early-exit:N, self:bf16, or a draft model (folder or known "
+                        "name); a repeat counts once")
+    p.add_argument("--gamma", type=ranged(int, "--gamma", lo=1, hi=16), default=5, help="draft length")
+    p.add_argument("--dtype", choices=DTYPES, default="float32", help="the target's weights")
+    p.add_argument("--kernels", choices=KERNELS, default="fast",
+                   help="minispec.kernels kind for the target and the drafters")
+    return p
+
+
+def speculation(prog: str, args) -> list[str]:
+    """The --drafters specs (blanks and repeats dropped), after checking that this CPU runs --kernels on
+    --dtype: a pair it does not is one line, before anything loads."""
+    if not runs_here(prog, args.dtype, args.kernels):
+        raise MinispecError(f"--kernels {args.kernels} --dtype {args.dtype}: not on this CPU; expected "
+                            "another pair (e.g. --dtype float32 --kernels fast)")
+    return list(dict.fromkeys(d.strip() for d in args.drafters.split(",") if d.strip()))
+
+
 def runs_here(prog: str, dtype_name: str, kind: str) -> bool:
     """Whether this CPU runs minispec.kernels kind `kind` on `dtype_name` weights; if not, one line
     on stderr saying which configuration is skipped and why (a benchmark never ends in a traceback

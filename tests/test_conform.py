@@ -48,7 +48,7 @@ def test_sample_then_match_is_lossless_and_accepts_sum_p_q():
 
 
 def test_transformers_sampler_and_its_ensemble_weight():
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the engine under test is transformers' sampler (pip install -e .[test])")
     from minispec.testing.conform import transformers_engine
 
     plain = statuses(conform(transformers_engine(), QUICK))
@@ -69,7 +69,8 @@ def test_minispec_static_ensemble_keeps_its_own_claim():
 @pytest.mark.parametrize("plant", __import__("minispec.testing.conform.planted", fromlist=["PLANTS"]).PLANTS,
                          ids=lambda plant: plant.name)
 def test_each_planted_bug_class_is_caught_by_its_invariant(plant):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the bugs are planted into copies of transformers' sampler "
+                        "(pip install -e .[test])")
     from minispec.testing.conform.planted import planted_engine
 
     # the one-sided temperature and filters move this step's output by TV ~0.08 (of the fixed setting),

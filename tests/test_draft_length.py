@@ -178,7 +178,8 @@ def test_priced_answers_the_best_length_at_its_alpha_and_probes_when_none_pays(c
     for drafted, accepted in steps:
         g = schedule.next()
         best = best_length(schedule.costs, schedule.alpha)
-        assert g == best or (best == 0 and off + 1 >= probe and g == best_length(schedule.costs, schedule.alpha, 1))
+        probing = best == 0 and off + 1 >= probe  # no length pays, and a probe is due
+        assert g == (best_length(schedule.costs, schedule.alpha, 1) if probing else best)
         drafted = min(drafted, g)
         schedule.update(drafted, min(accepted, drafted))
         off = off + 1 if drafted == 0 else 0

@@ -19,6 +19,9 @@ def test_bandwidth_reports_each_kernel_this_cpu_runs_and_the_fastest():
     rates = {k: v for k, v in result.items() if k != "bandwidth_gbps"}
     assert "f_linear_float32_gbps" in rates and all(v > 0 for v in rates.values())
     assert result["bandwidth_gbps"] == max(rates.values())
+    from minispec.kernels import fbgemm
+
+    assert ({"fbgemm_fp16_gbps", "fbgemm_int8_gbps"} <= set(rates)) == fbgemm.available()  # where torch has them
 
 
 def test_pass_costs_leave_the_cache_as_they_found_it():

@@ -24,6 +24,15 @@ def test_measured_costs_are_in_plain_steps_one_per_length():
         assert len(costs) == 5 and costs[0] == 1.0 and all(c > 0 for c in costs)
 
 
+def test_a_step_of_g_drafts_costs_a_pass_of_g_plus_one_rows_and_g_draft_tokens(monkeypatch):
+    passes = {1: 10.0, 2: 12.0, 3: 15.0, 4: 21.0}  # seconds of a target pass of k rows
+    monkeypatch.setattr(step_cost.measure, "pass_costs", lambda model, cache, widths, rollback, reps: passes)
+    monkeypatch.setattr(step_cost, "draft_seconds", lambda drafter: 2.0)
+    model = target()
+    costs = step_cost.measure_costs(model, make_drafter("early-exit:1", model), 3)
+    assert costs == pytest.approx([1.0, (12 + 2) / 10, (15 + 4) / 10, (21 + 6) / 10])
+
+
 def test_a_draft_token_costs_a_forward_of_the_drafters_own_model_and_nothing_for_a_lookup():
     model = target()
     assert step_cost.draft_seconds(make_drafter("ngram", model)) == 0.0
@@ -52,8 +61,7 @@ def test_the_first_prices_are_kept_and_later_runs_use_them(measured):
     assert first == [1.0, 1.2346, 1.5, 2.0] and measured["calls"] == 1  # rounded as kept, from the first run on
     measured["answer"] = [1.0, 9.0, 9.0, 9.0]  # a later measurement would differ: the kept prices win
     assert step_cost.costs(model, drafter, 3) == first and measured["calls"] == 1
-    schedule = step_cost.priced(model, drafter, 3)
-    assert isinstance(schedule, Priced) and schedule.costs == first and measured["calls"] == 1
+    assert Priced(3, step_cost.costs(model, drafter, 3)).costs == first and measured["calls"] == 1
     assert step_cost.costs(model, drafter, 2) == [1.0, 9.0, 9.0] and measured["calls"] == 2  # another question
     assert step_cost.costs(model, make_drafter("early-exit:1", model), 3) == [1.0, 9.0, 9.0, 9.0]  # another draft
 

@@ -285,7 +285,7 @@ def get(spec: str | DraftLength, gamma: int) -> DraftLength:
         return Fallback(gamma, break_even)
     if spec == "auto":
         raise MinispecError("draft_length='auto': needs this CPU's step costs; expected a Priced(gamma, costs) "
-                            "(minispec.kernels.step_cost.priced(target, drafter, gamma) measures them)")
+                            "(minispec.kernels.step_cost.costs(target, drafter, gamma) measures them)")
     if spec not in SCHEDULES:
         raise MinispecError(f"draft_length={spec!r}: unknown draft length schedule; expected one of "
                             f"fixed, heuristic, fallback:BREAK_EVEN (or a minispec.chain.draft_length.DraftLength)")

@@ -162,9 +162,10 @@ def _draft_length(args: GenerateArgs, model, drafter):
     (after the kernels are applied: the prices are those of the kinds that run)."""
     if args.draft_length != "auto":
         return args.draft_length
+    from minispec.chain.draft_length import Priced
     from minispec.kernels import step_cost
 
-    return step_cost.priced(model, drafter, args.gamma)
+    return Priced(args.gamma, step_cost.costs(model, drafter, args.gamma))
 
 
 def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from minispec.kernels.fbgemm import DynamicInt8Linear, Fp16Linear
+from minispec.kernels.fbgemm import available as fbgemm_available
 from minispec.kernels.packed import PackedLinear, packs
 
 
@@ -50,9 +51,10 @@ def timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
 
 def bandwidth(mib: int = 256, reps: int = 12) -> dict:
     """GB/s of a one-row matrix-vector product streaming `mib` MiB of weights (far more than the
-    caches hold), through every kernel this CPU runs: F.linear in float32 and bfloat16, and oneDNN's
-    packed kernel for each dtype it packs here. bandwidth_gbps is the fastest: the rate weights can
-    be read at. A kernel the CPU lacks is left out, never an error."""
+    caches hold), through every kernel this CPU runs: F.linear in float32 and bfloat16, oneDNN's
+    packed kernel for each dtype it packs here, and fbgemm's float16 and int8 weights where torch
+    has them (some CPUs stream these faster than any float32 or bfloat16 kernel). bandwidth_gbps is
+    the fastest: the rate weights can be read at. A kernel the CPU lacks is left out, never an error."""
     result = {}
     x = torch.randn(1, 4096)  # [1, in]
     with torch.inference_mode():
@@ -68,6 +70,12 @@ def bandwidth(mib: int = 256, reps: int = 12) -> dict:
                 result[f"packed_{name}_gbps"] = nbytes / timed(lambda: packed(x), reps) / 1e9
                 del packed
             del weight
+        if fbgemm_available():
+            for name, layer, itemsize in (("fbgemm_fp16", Fp16Linear, 2), ("fbgemm_int8", DynamicInt8Linear, 1)):
+                rows = mib * 2**20 // (4096 * itemsize)
+                packed = layer(torch.randn(rows, 4096) / 64, None)  # [out, in], packed in its own format
+                result[f"{name}_gbps"] = rows * 4096 * itemsize / timed(lambda: packed(x), reps) / 1e9
+                del packed
     result["bandwidth_gbps"] = max(result.values())
     return result
 

@@ -1,5 +1,6 @@
 """What a speculative step costs on this CPU, in plain decoding steps: the prices --draft-length auto
-chooses its draft length from (chain/draft_length.Priced).
+chooses its draft length from (minispec.chain.draft_length.Priced(gamma, costs(target, drafter,
+gamma)), built above the chapters: this wing only measures).
 
 A step of g drafts runs g draft forwards and one target pass of g + 1 rows:
 
@@ -24,7 +25,6 @@ import math
 
 import torch
 
-from minispec.chain.draft_length import Priced
 from minispec.kernels import kind_of, measure, probe_cache
 from minispec.model.transformer import Transformer
 
@@ -82,8 +82,3 @@ def costs(target: Transformer, drafter, gamma: int) -> list[float]:
         values = [round(v, 4) for v in measure_costs(target, drafter, gamma)]  # as kept: the next run's prices
         probe_cache.store(question, ",".join(f"{v:.4f}" for v in values))
     return values
-
-
-def priced(target: Transformer, drafter, gamma: int, **options) -> Priced:
-    """--draft-length auto: a Priced schedule over this machine's costs (options: Priced's)."""
-    return Priced(gamma, costs(target, drafter, gamma), **options)

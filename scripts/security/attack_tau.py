@@ -204,10 +204,7 @@ def built_policies(text: str) -> dict:
 
 
 def build_parser() -> benchlib.Parser:
-    p = benchlib.script_parser(PROG, __doc__)
-    p.add_argument("--drafters", type=str, default="ngram,early-exit:24,self:bf16",
-                   help="comma-separated drafters: ngram, early-exit:N, self:bf16, or a draft model (folder or known "
-                        "name)")
+    p = benchlib.add_speculation_flags(benchlib.script_parser(PROG, __doc__))
     p.add_argument("--policies", type=built_policies, default="exact,typical,fly,dropmatch-lazy:p=0.3",
                    help="comma-separated acceptance rules, each NAME[:key=value,...], evaluated benign and attacked")
     p.add_argument("--sets", type=benchlib.name_list("--sets", benchlib.PROMPT_SETS), default="humaneval,mt_bench",
@@ -216,12 +213,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--rounds", type=ranged(int, "--rounds", lo=1, hi=100), default=4, help="search rounds")
     p.add_argument("--candidates", type=ranged(int, "--candidates", lo=1, hi=100), default=6,
                    help="perturbations tried per round")
-    p.add_argument("--gamma", type=ranged(int, "--gamma", lo=1, hi=16), default=5, help="draft length")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=2, hi=4096), default=32,
                    help="new tokens per generation (no early stop: every run is the same length)")
-    p.add_argument("--dtype", choices=benchlib.DTYPES, default="float32", help="the target's weights")
-    p.add_argument("--kernels", choices=benchlib.KERNELS, default="fast",
-                   help="minispec.kernels kind for the target and the drafters")
     p.add_argument("--seed", type=ranged(int, "--seed", lo=0), default=0, help="the search's seed")
     return p
 
@@ -230,10 +223,7 @@ def run(args, ckpt: Path) -> dict:
     import minispec
 
     built = args.policies  # {spec: policy}
-    drafter_specs = [d for d in args.drafters.split(",") if d.strip()]
-    if not benchlib.runs_here(PROG, args.dtype, args.kernels):
-        raise benchlib.MinispecError(f"--kernels {args.kernels} --dtype {args.dtype}: not on this CPU; expected "
-                                     "another pair (e.g. --dtype float32 --kernels fast)")
+    drafter_specs = benchlib.speculation(PROG, args)
     tokenizer = minispec.load_tokenizer(ckpt)
     prompts = benchlib.load_prompts(args.sets, args.prompts, tokenizer)
     loaded = benchlib.load_minispec(ckpt, getattr(torch, args.dtype), args.kernels, drafters=drafter_specs)

@@ -151,27 +151,19 @@ def render(result: dict) -> str:
 
 
 def build_parser() -> benchlib.Parser:
-    p = benchlib.script_parser(PROG, __doc__)
-    p.add_argument("--drafters", type=str, default="ngram,early-exit:24,self:bf16",
-                   help="comma-separated drafters: ngram, early-exit:N, self:bf16, or a draft model")
+    p = benchlib.add_speculation_flags(benchlib.script_parser(PROG, __doc__))
     p.add_argument("--prompts", type=ranged(int, "--prompts", lo=2, hi=40), default=10,
                    help="prompts per category (at least 2: leave-one-out needs another of its class)")
-    p.add_argument("--gamma", type=ranged(int, "--gamma", lo=1, hi=16), default=5, help="draft length")
     p.add_argument("--max-new-tokens", type=ranged(int, "--max-new-tokens", lo=4, hi=4096), default=48,
                    help="new tokens per generation (all of them: no early stop)")
     p.add_argument("--chunk", type=ranged(int, "--chunk", lo=1, hi=4096), default=4, help="tokens per paced release")
-    p.add_argument("--dtype", choices=benchlib.DTYPES, default="float32", help="the target's weights")
-    p.add_argument("--kernels", choices=benchlib.KERNELS, default="fast", help="minispec.kernels kind")
     return p
 
 
 def run(args, ckpt: Path) -> dict:
     import minispec
 
-    drafter_specs = list(dict.fromkeys(d.strip() for d in args.drafters.split(",") if d.strip()))
-    if not benchlib.runs_here(PROG, args.dtype, args.kernels):
-        raise benchlib.MinispecError(f"--kernels {args.kernels} --dtype {args.dtype}: not on this CPU; expected "
-                                     "another pair (e.g. --dtype float32 --kernels fast)")
+    drafter_specs = benchlib.speculation(PROG, args)
     tokenizer = minispec.load_tokenizer(ckpt)
     prompts = benchlib.load_prompts(CATEGORIES, args.prompts, tokenizer)
     loaded = benchlib.load_minispec(ckpt, getattr(torch, args.dtype), args.kernels, drafters=drafter_specs)

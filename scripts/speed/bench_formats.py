@@ -122,6 +122,7 @@ def run_llama(bin_dir: Path, ckpt: Path, draft: str | None, prompts, tokenizer, 
 
 def measure(args, ckpt) -> dict:
     import minispec
+    from minispec.chain.draft_length import Priced
     from minispec.chain.drafters import ModelDrafter, make_drafter
     from minispec.decode import generate
 
@@ -165,10 +166,10 @@ def measure(args, ckpt) -> dict:
         top = max(args.gammas)
         ngram = make_drafter("ngram:3", model)
         configs = {"plain": None, **{f"n-gram g{g}": (ngram, g) for g in args.gammas},
-                   f"n-gram auto<={top}": (ngram, top, prices.priced(model, ngram, top))}
+                   f"n-gram auto<={top}": (ngram, top, Priced(top, prices.costs(model, ngram, top)))}
         if draft is not None:
             configs.update({f"{draft.name} g{g}": (draft, g) for g in args.gammas})
-            configs[f"{draft.name} auto<={top}"] = (draft, top, prices.priced(model, draft, top))
+            configs[f"{draft.name} auto<={top}"] = (draft, top, Priced(top, prices.costs(model, draft, top)))
         for prompt in prompts:
             plain_tokens = None
             for config, spec in configs.items():
