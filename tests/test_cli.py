@@ -497,3 +497,31 @@ def test_dtype_auto_loads_what_this_cpu_runs_fast_and_says_so(real_ckpt, capsys)
                     else torch.float32)
     assert stats["kernels"] == ("fast" if kernels.packed.packs(want) else "fp16" if want == torch.bfloat16
                                 else "reference")
+
+
+def test_draft_length_auto_prices_once_per_machine_and_says_so(real_ckpt, capsys, monkeypatch, tmp_path):
+    """--draft-length auto: the stats name the schedule and the prices it chose by; the prices are kept
+    (MINISPEC_HOME/probe.json), so a second run measures nothing and gives the same tokens; greedy
+    exact stays plain greedy."""
+    from minispec.kernels import step_cost
+
+    monkeypatch.setenv("MINISPEC_HOME", str(tmp_path))
+    calls = []
+    measure = step_cost.measure_costs
+    monkeypatch.setattr(step_cost, "measure_costs", lambda *a, **k: calls.append(1) or measure(*a, **k))
+    args = ("--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "16", "--json", "--draft", "ngram",
+            "--gamma", "4", "--draft-length", "auto")
+    runs = []
+    for _ in range(2):
+        code, out, _ = run_cli(capsys, *args)
+        assert code == 0
+        runs.append(json.loads(out))
+    assert len(calls) == 1 and (tmp_path / "probe.json").is_file()
+    stats = runs[0]["stats"]
+    assert stats["draft_length"] == "auto" and len(stats["draft_costs"]) == 5 and stats["draft_costs"][0] == 1.0
+    assert runs[1]["stats"]["draft_costs"] == stats["draft_costs"] and runs[1]["tokens"] == runs[0]["tokens"]
+    code, out, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "16", "--json")
+    assert json.loads(out)["tokens"] == runs[0]["tokens"]
+    code, out, err = run_cli(capsys, *[a for a in args if a != "--json"], "--stats")
+    assert code == 0 and "draft length auto:" in out + err
+    assert "step cost of 0..gamma drafts, in plain steps: 1.00" in out + err

@@ -24,20 +24,19 @@ def test_measured_costs_are_in_plain_steps_one_per_length():
         assert len(costs) == 5 and costs[0] == 1.0 and all(c > 0 for c in costs)
 
 
-def test_a_step_of_g_drafts_costs_a_pass_of_g_plus_one_rows_and_g_draft_tokens(monkeypatch):
-    passes = {1: 10.0, 2: 12.0, 3: 15.0, 4: 21.0}  # seconds of a target pass of k rows
-    monkeypatch.setattr(step_cost.measure, "pass_costs", lambda model, cache, widths, rollback, reps: passes)
-    monkeypatch.setattr(step_cost, "draft_seconds", lambda drafter: 2.0)
-    model = target()
-    costs = step_cost.measure_costs(model, make_drafter("early-exit:1", model), 3)
-    assert costs == pytest.approx([1.0, (12 + 2) / 10, (15 + 4) / 10, (21 + 6) / 10])
+def test_a_step_of_g_drafts_costs_a_pass_of_g_plus_one_rows_and_g_draft_tokens():
+    seconds = {1: 10.0, 2: 12.0, 3: 15.0, 4: 21.0, "draft": 2.0}  # a target pass of k rows; a draft token
+    assert step_cost.from_timings(seconds, 3) == pytest.approx([1.0, (12 + 2) / 10, (15 + 4) / 10, (21 + 6) / 10])
+    del seconds["draft"]  # a drafter without a model: its tokens cost nothing here
+    assert step_cost.from_timings(seconds, 2) == pytest.approx([1.0, 1.2, 1.5])
 
 
-def test_a_draft_token_costs_a_forward_of_the_drafters_own_model_and_nothing_for_a_lookup():
+def test_the_timings_take_turns_and_time_the_drafters_own_model():
     model = target()
-    assert step_cost.draft_seconds(make_drafter("ngram", model)) == 0.0
-    assert step_cost.draft_seconds(make_drafter("early-exit:1", model)) > 0.0
-    assert step_cost.draft_seconds(None) == 0.0
+    for draft, has_model in (("ngram", False), ("early-exit:1", True), (random_model(tiny_config(), 1), True)):
+        seconds = step_cost.timings(model, make_drafter(draft, model), 3, reps=1)
+        assert set(seconds) == {1, 2, 3, 4} | ({"draft"} if has_model else set())
+        assert all(v > 0 for v in seconds.values())
 
 
 @pytest.fixture

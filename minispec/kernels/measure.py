@@ -86,15 +86,21 @@ def pass_costs(model, cache, widths: Sequence[int], rollback: Callable[[], None]
     all batch_size x k rows, as a verify scores them) for each k in widths, on `cache` as it stands;
     rollback() puts the cache back after each pass, so every pass sees the same context. The tokens
     are zeros: what they are does not change the cost. k = 1 is a decode step."""
-    def one_pass(k: int):
-        def run():
-            hidden = model.forward_hidden(torch.zeros(batch_size, k, dtype=torch.long), cache)  # [B, k, d]
-            model.head(hidden.reshape(batch_size * k, -1))  # [B*k, V]
-            rollback()
-        return run
-
     with torch.inference_mode():
-        return time_interleaved({k: one_pass(k) for k in widths}, reps)
+        return time_interleaved({k: one_pass(model, cache, k, rollback, batch_size) for k in widths}, reps)
+
+
+def one_pass(model, cache, k: int, rollback: Callable[[], None], batch_size: int = 1,
+             num_layers: int | None = None) -> Callable[[], None]:
+    """A function that runs one pass of [batch_size, k] new tokens (zeros) through the model's first
+    num_layers blocks (all if None) and its LM head on every row, then rollback(): what pass_costs
+    times. Call it under torch.inference_mode()."""
+    def run():
+        hidden = model.forward_hidden(torch.zeros(batch_size, k, dtype=torch.long, device=model.device), cache,
+                                      num_layers=num_layers)  # [B, k, d]
+        model.head(hidden.reshape(batch_size * k, -1))  # [B*k, V]
+        rollback()
+    return run
 
 
 LINEARS = {"fast": PackedLinear, "fp16": Fp16Linear, "int8-dynamic": DynamicInt8Linear}  # kind -> its linear layer

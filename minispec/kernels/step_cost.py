@@ -6,10 +6,11 @@ A step of g drafts runs g draft forwards and one target pass of g + 1 rows:
 
     c(g) = (t_pass(g + 1) + g x t_draft) / t_pass(1)          c(0) = 1
 
-t_pass(k) is measure.pass_costs: the target's blocks and LM head over k new rows, on a cache of
-`context` positions. t_draft is one new row through the drafter's own model (its first
-`num_layers` blocks for an early exit) and its head; a drafter without a model (n-gram lookup)
-costs 0 here, its lookup being far below a forward. The loop's own bookkeeping and the policy are
+t_pass(k) is the target's blocks and LM head over k new rows, on a cache of CONTEXT positions;
+t_draft is one new row through the drafter's own model (its first `num_layers` blocks for an
+early exit) and its head; all of them take turns within each of 5 repetitions, and the medians
+count. A drafter without a model (n-gram lookup) costs 0 here, its lookup being far below a
+forward. The loop's own bookkeeping and the policy are
 left out: they are the same for every g to first order.
 
 The costs depend on the CPU, the kernels and the model shapes, and are measured with a clock, so
@@ -37,35 +38,40 @@ def _describe(model: Transformer, num_layers: int | None) -> str:
     return f"{kind_of(model)}/{model.dtype}/d={c.hidden_size}/f={c.intermediate_size}/L={layers}/V={c.vocab_size}"
 
 
-def draft_seconds(drafter, reps: int = 10) -> float:
-    """Median seconds of one draft token: a one-row forward through the drafter's model (its first
-    num_layers blocks) and head, on a cache of CONTEXT positions; 0.0 for a drafter without a model."""
-    model = getattr(drafter, "model", None)
-    if not isinstance(model, Transformer):
-        return 0.0
-    num_layers = getattr(drafter, "num_layers", None)
-    cache = model.new_cache(1, CONTEXT + 1, num_layers=num_layers)
+def _prefilled(model: Transformer, room: int, num_layers: int | None = None):
+    """A cache of CONTEXT + room positions holding CONTEXT tokens (zeros), and the rollback to them."""
+    cache = model.new_cache(1, CONTEXT + room, num_layers=num_layers)
     with torch.inference_mode():
         model.forward_hidden(torch.zeros(1, CONTEXT, dtype=torch.long, device=model.device), cache,
                              num_layers=num_layers)
-
-        def one():
-            hidden = model.forward_hidden(torch.zeros(1, 1, dtype=torch.long, device=model.device), cache,
-                                          num_layers=num_layers)  # [1, 1, d]
-            model.head(hidden[0, -1])  # [V]
-            cache.truncate(CONTEXT)
-
-        return measure.timed(one, reps)
+    return cache, lambda: cache.truncate(CONTEXT)
 
 
-def measure_costs(target: Transformer, drafter, gamma: int, reps: int = 3) -> list[float]:
-    """c(0..gamma) (module docstring), measured now: gamma + 1 target pass widths, `reps` rounds each."""
-    cache = target.new_cache(1, CONTEXT + gamma + 1)
+def timings(target: Transformer, drafter, gamma: int, reps: int = 5) -> dict:
+    """Median seconds of a target pass of k rows (keys 1..gamma+1) and, for a drafter with a model, of
+    one draft token (key "draft": a one-row pass through its model, its first num_layers blocks for
+    an early exit, and its head), all taking turns in each repetition (measure.time_interleaved), so
+    a drift in the machine's speed moves them alike."""
+    cache, rollback = _prefilled(target, gamma + 1)
+    fns = {k: measure.one_pass(target, cache, k, rollback) for k in range(1, gamma + 2)}
+    model = getattr(drafter, "model", None)
+    if isinstance(model, Transformer):
+        num_layers = getattr(drafter, "num_layers", None)
+        draft_cache, draft_rollback = _prefilled(model, 1, num_layers)
+        fns["draft"] = measure.one_pass(model, draft_cache, 1, draft_rollback, num_layers=num_layers)
     with torch.inference_mode():
-        target.forward_hidden(torch.zeros(1, CONTEXT, dtype=torch.long, device=target.device), cache)
-    passes = measure.pass_costs(target, cache, range(1, gamma + 2), lambda: cache.truncate(CONTEXT), reps=reps)
-    draft = draft_seconds(drafter)
-    return [(passes[g + 1] + g * draft) / passes[1] for g in range(gamma + 1)]
+        return measure.time_interleaved(fns, reps)
+
+
+def from_timings(seconds: dict, gamma: int) -> list[float]:
+    """c(0..gamma) from timings(): (pass(g + 1) + g x draft) / pass(1), a missing draft costing 0."""
+    draft = seconds.get("draft", 0.0)
+    return [(seconds[g + 1] + g * draft) / seconds[1] for g in range(gamma + 1)]
+
+
+def measure_costs(target: Transformer, drafter, gamma: int, reps: int = 5) -> list[float]:
+    """c(0..gamma) (module docstring), measured now."""
+    return from_timings(timings(target, drafter, gamma, reps), gamma)
 
 
 def costs(target: Transformer, drafter, gamma: int) -> list[float]:
