@@ -8,10 +8,10 @@ A step of g drafts runs g draft forwards and one target pass of g + 1 rows:
 
 t_pass(k) is the target's blocks and LM head over k new rows, on a cache of CONTEXT positions;
 t_draft is one new row through the drafter's own model (its first `num_layers` blocks for an
-early exit) and its head; all of them take turns within each of 5 repetitions, and the medians
-count. A drafter without a model (n-gram lookup) costs 0 here, its lookup being far below a
-forward. The loop's own bookkeeping and the policy are
-left out: they are the same for every g to first order.
+early exit) and its head. All of them take turns within each of 5 repetitions (a drift in the
+machine's speed moves them alike), and the medians count. A drafter without a model (n-gram
+lookup) costs 0 here, its lookup being far below a forward. The loop's own bookkeeping and the
+policy are left out: they are the same for every g to first order.
 
 The costs depend on the CPU, the kernels and the model shapes, and are measured with a clock, so
 two runs would price the lengths slightly differently; a lossy policy's output could then differ
