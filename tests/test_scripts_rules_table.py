@@ -26,7 +26,7 @@ def policy_record(policy, gamma, temperature, index, *, accepted, steps, nll, ag
             "speedup": speedup, "policy_share": 0.01}
 
 
-def test_smollm2_rows_compare_each_rule_with_its_base_on_the_same_prompts():
+def test_chain_rows_compare_each_rule_with_its_base_on_the_same_prompts():
     records = [policy_record("sampling", 5, 1.0, i, accepted=10, steps=10, nll=1.0 + i, agree=0.5, speedup=1.2)
                for i in range(4)]
     records += [policy_record("lenience", 5, 1.0, i, accepted=20, steps=10, nll=1.5 + i, agree=0.4, speedup=1.8,
@@ -34,7 +34,7 @@ def test_smollm2_rows_compare_each_rule_with_its_base_on_the_same_prompts():
     records += [policy_record("exact", 5, 0.0, i, accepted=30, steps=10, nll=0.5, agree=1.0, speedup=2.0)
                 for i in range(4)]
     records += [{**policy_record("exact", 5, 0.0, 0, accepted=0, steps=1, nll=0, agree=1, speedup=1), "drafter": None}]
-    rows = rules_table.smollm2_rows([{"settings": {"dropout_p": 0.3}, "records": records}])
+    rows = rules_table.chain_rows([{"settings": {"dropout_p": 0.3}, "records": records}])
     by = {(r["rule"], r["temperature"]): r for r in rows}
     assert set(by) == {("sampling", 1.0), ("lenience-0.5", 1.0), ("exact", 0.0)}  # plain decoding is no row
     lenient = by[("lenience-0.5", 1.0)]
@@ -52,7 +52,7 @@ def test_a_rule_missing_a_prompt_is_compared_on_the_prompts_both_have():
                for i in range(3)]
     records += [policy_record("dropmatch", 5, 1.0, 1, accepted=10, steps=10, nll=3.0, agree=0.5, speedup=1.0,
                               criterion="js_or_majority")]
-    (dm,) = [r for r in rules_table.smollm2_rows([{"settings": {"dropout_p": 0.012}, "records": records}])
+    (dm,) = [r for r in rules_table.chain_rows([{"settings": {"dropout_p": 0.012}, "records": records}])
              if r["rule"] != "sampling"]
     assert dm["rule"] == "dropmatch-0.012" and dm["prompts"] == 1 and dm["quality_change"][0] == pytest.approx(2.0)
 
@@ -62,7 +62,7 @@ def test_dropmatch_criteria_are_rows_of_their_own():
     records += [policy_record("dropmatch", 5, 1.0, 0, accepted=accepted, steps=10, nll=1.0, agree=0.5, speedup=1.0,
                               criterion=criterion)
                 for criterion, accepted in (("js_or_majority", 20), ("majority", 30), ("naive", 40))]
-    rows = rules_table.smollm2_rows([{"settings": {"dropout_p": 0.3}, "records": records}])
+    rows = rules_table.chain_rows([{"settings": {"dropout_p": 0.3}, "records": records}])
     assert {r["rule"]: r["tau"] for r in rows} == pytest.approx(
         {"sampling": 2.0, "dropmatch-0.3": 3.0, "dropmatch-0.3-majority": 4.0, "dropmatch-0.3-naive": 5.0})
 
@@ -74,7 +74,7 @@ def test_each_run_is_compared_with_its_own_base_and_a_repeated_base_is_one_row()
             policy_record("dropmatch", 5, 1.0, 0, accepted=dm_accepted, steps=10, nll=1.0, agree=0.5,
                           speedup=dm_speed, criterion="js_or_majority")]}
 
-    rows = rules_table.smollm2_rows([run(0.3, 1.0, 1.5, 20), run(0.012, 2.0, 2.2, 15)])  # a slower machine, then a faster
+    rows = rules_table.chain_rows([run(0.3, 1.0, 1.5, 20), run(0.012, 2.0, 2.2, 15)])  # a slower machine, then a faster
     by = {r["rule"]: r for r in rows}
     assert [r["rule"] for r in rows] == ["sampling", "dropmatch-0.3", "dropmatch-0.012"]
     assert by["dropmatch-0.3"]["speed_vs_base"] == pytest.approx(1.5)  # against its own run's base, not 2.0
@@ -117,7 +117,7 @@ def test_missing_or_broken_inputs_are_one_line_errors(tmp_path, capsys):
     assert rules_table.main(["--pair", str(tmp_path / "none.json")]) == 2
     assert "no such file; expected a result of scripts/rules/bench_humaneval.py" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("{")
-    assert rules_table.main(["--smollm2", str(tmp_path / "bad.json")]) == 2
+    assert rules_table.main(["--chains", str(tmp_path / "bad.json")]) == 2
     assert "not JSON" in capsys.readouterr().err
 
 
@@ -167,8 +167,32 @@ def test_distortion_is_pooled_over_every_judged_position_of_the_prompts():
            for i in range(2)]
     fly[0] |= {"distortion_tv": [0.1, 0.1, 0.1], "distortion_kl": [0.2, float("inf"), 0.4], "distortion_kind": "bound"}
     fly[1] |= {"distortion_tv": [0.5], "distortion_kl": [0.6], "distortion_kind": "bound"}
-    rows = {r["rule"]: r for r in rules_table.smollm2_rows([{"settings": {"dropout_p": 0.3},
+    rows = {r["rule"]: r for r in rules_table.chain_rows([{"settings": {"dropout_p": 0.3},
                                                               "records": records + fly}])}
     assert rows["fly-3"]["tv_mean"] == pytest.approx(0.2) and rows["fly-3"]["kl_mean"] == pytest.approx(0.4)
     assert rules_table.distortion_cells(rows["fly-3"])[0] == "<=0.2000"
     assert rows["sampling"].get("tv_mean") is None and rules_table.distortion_cells(rows["sampling"]) == ["–"] * 3
+
+
+def test_each_target_is_compared_with_its_own_base_and_drawn_in_its_own_panels(tmp_path):
+    """Two bench_policies results on different targets (the run record names each) never share a base,
+    a row or a panel: the same rule on each keeps its own tau gain and distortion."""
+    def run(target, base_accepted, lenient_accepted, tv):
+        lenient = [policy_record("lenience", 5, t, 0, accepted=lenient_accepted, steps=10, nll=1.0, agree=0.5,
+                                 speedup=1.0, criterion="0.5") | {"distortion_tv": [tv], "distortion_kl": [tv],
+                                                                   "distortion_kind": "exact"} for t in (0.0, 1.0)]
+        bases = [policy_record(name, 5, t, 0, accepted=base_accepted, steps=10, nll=1.0, agree=0.5, speedup=1.0)
+                 for name, t in (("exact", 0.0), ("sampling", 1.0))]
+        return {"run": {"checkpoint": {"name": target}}, "settings": {"dropout_p": 0.3}, "records": bases + lenient}
+
+    rows = rules_table.chain_rows([run("small", 10, 20, 0.1), run("big", 40, 44, 0.02)])
+    gains = {(r["model"], r["temperature"]): r["tau_gain"] for r in rows if r["rule"] == "lenience-0.5"}
+    assert gains == pytest.approx({("small", 0.0): 0.5, ("small", 1.0): 0.5, ("big", 0.0): 0.08, ("big", 1.0): 0.08})
+    assert {r["tv_mean"] for r in rows if r["model"] == "big" and r.get("tv_mean") is not None} == {0.02}
+    assert rules_table.chain_rows([{"settings": {"dropout_p": 0.3}, "records": run("x", 1, 2, 0.1)["records"]}])[0][
+        "model"] == "smollm2-135m-instruct"  # a result from before targets were recorded
+    text = rules_table.render([], rows, [])
+    assert text.index("### big:") > text.index("### small:")  # in the order given
+    pytest.importorskip("matplotlib")
+    png = rules_table.plot_distortion(rows, tmp_path / "d.png")
+    assert png.stat().st_size > 0

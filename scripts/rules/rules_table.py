@@ -1,7 +1,7 @@
 """The acceptance rules side by side: one table and its Pareto figure (tau gain against quality change).
 
     python scripts/rules/rules_table.py [--pair out/rules_pair/bench_humaneval.json]
-                                  [--smollm2 out/rules_smollm2/bench_policies.json ...]
+                                  [--chains out/rules_smollm2/bench_policies.json ...]
                                   [--trees out/rules_smollm2_trees/bench_tree_rules.json ...]
                                   [--out out/rules_table] [--png docs/img/rules_pareto.png]
                                   [--png-distortion docs/img/rules_distortion.png]
@@ -13,22 +13,23 @@ Reads what the benchmarks wrote and measures nothing itself:
               `exact-gG`): tau gain, pass@1 difference with its paired bootstrap 95% interval
               (the same problems resampled), throughput over the base's on the same batches
               (median over batches).
-  --smollm2   one or more scripts/rules/bench_policies.py results (e.g. a second run at the calibrated
-              DropMatch p); each chain configuration is compared with the base at the same
-              drafter, gamma and temperature (sampling at T > 0, exact at T = 0) on the same prompts:
+  --chains    one or more scripts/rules/bench_policies.py results, on any target (SmolLM2, the pair;
+              e.g. a second run at the calibrated DropMatch p); each chain configuration is compared
+              with the base at the same target, drafter, gamma and temperature (sampling at T > 0,
+              exact at T = 0) on the same prompts:
               tau gain (pooled), the target's NLL per token and the token agreement with plain
               greedy, each with its paired bootstrap 95% interval over prompts, and the median
               over prompts of the speed-up over plain decoding divided by the base's.
   --trees     scripts/rules/bench_tree_rules.py results: its rows as it reports them (against tree
               sampling).
 
-The figure: one panel per model, every chain configuration a point, x = quality change (pass@1
-points on the pair; NLL per token on SmolLM2, where lower is better, so the x axis is -dNLL:
-right is better in both), y = tau gain over its base, bars = the 95% interval of the quality change.
-Lossless rules sit at x = 0 up to chance. The distortion figure (--png-distortion): the SmolLM2
-rows against the mean TV distance of the distribution each rule emits at a judged position from
-the target's (bench_policies' distortion columns), one panel per temperature: lossless rules sit at
-x = 0 exactly, not up to chance. Writes rules_table.md and .json to --out; the figures need matplotlib.
+The figure: one panel for the pair's pass@1 and one per --chains target, every chain configuration
+a point, x = quality change (pass@1 points; NLL per token for --chains, where lower is better, so
+the x axis is -dNLL: right is better in both), y = tau gain over its base, bars = the 95% interval
+of the quality change. Lossless rules sit at x = 0 up to chance. The distortion figure
+(--png-distortion): the --chains rows against the mean TV distance of the distribution each rule
+emits at a judged position from the target's (bench_policies' distortion columns), one panel per
+target and temperature: lossless rules sit at x = 0 exactly, not up to chance. Writes rules_table.md and .json to --out; the figures need matplotlib.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def pair_rows(result: dict) -> list[dict]:
     return rows
 
 
-# ---------------------------------------------------------------------------------------- SmolLM2
+# --------------------------------------------------------------------- chains on any target (bench_policies)
 
 
 def rule_of(record: dict) -> str:
@@ -104,22 +105,29 @@ def rule_of(record: dict) -> str:
     return f"{policy}-{record['criterion']}" if record.get("criterion") else policy  # lenience-0.5, fly-3
 
 
-def smollm2_rows(results: list[dict]) -> list[dict]:
+def chain_rows(results: list[dict]) -> list[dict]:
     """Chain configurations of bench_policies results, each against the base of its own run (same
-    prompts, same machine state); a configuration in two runs (a base repeated beside a new rule)
-    is reported once, from the first run that has it."""
+    target, prompts and machine state); a configuration in two runs (a base repeated beside a new
+    rule) is reported once, from the first run that has it."""
     rows, seen = [], set()
     for result in results:
         for row in run_rows(result):
-            key = (row["drafter"], row["gamma"], row["temperature"], row["rule"])
+            key = (row["model"], row["drafter"], row["gamma"], row["temperature"], row["rule"])
             if key not in seen:
                 seen.add(key)
                 rows.append(row)
-    return sorted(rows, key=lambda r: (r["drafter"], r["gamma"], r["temperature"]))
+    order = {model: i for i, model in enumerate(models_of(rows))}  # targets in the order given
+    return sorted(rows, key=lambda r: (order[r["model"]], r["drafter"], r["gamma"], r["temperature"]))
+
+
+def target_of(result: dict) -> str:
+    """The target checkpoint's name from the run record (results without one came from SmolLM2)."""
+    return ((result.get("run") or {}).get("checkpoint") or {}).get("name") or "smollm2-135m-instruct"
 
 
 def run_rows(result: dict) -> list[dict]:
     """The chain configurations of one bench_policies result, against its base."""
+    model = target_of(result)
     p = result["settings"]["dropout_p"]
     records = [{**r, "dropout_p": p} for r in result["records"] if r["tool"] == "minispec" and r["drafter"]]
     groups: dict[tuple, dict[str, dict]] = {}  # (drafter, gamma, T) -> rule -> {prompt: record}
@@ -142,7 +150,7 @@ def run_rows(result: dict) -> list[dict]:
                      if mine[k].get("agree_overall") is not None and base[k].get("agree_overall") is not None]
             drafted = sum(mine[k]["num_drafted"] or 0 for k in prompts)
             rows.append({
-                "model": "smollm2", "rule": rule, "config": f"{rule} g{gamma}", "drafter": drafter, "gamma": gamma,
+                "model": model, "rule": rule, "config": f"{rule} g{gamma}", "drafter": drafter, "gamma": gamma,
                 "temperature": temperature, "base": base_name, "tau": tau,
                 "tau_gain": tau / base_tau - 1 if tau and base_tau else None,
                 "acceptance": sum(mine[k]["num_accepted"] or 0 for k in prompts) / drafted if drafted else None,
@@ -197,7 +205,7 @@ def interval(values: list[float] | None, scale: float = 1.0, spec: str = "+.1f")
     return f"{a:{spec}} [{lo:{spec}}, {hi:{spec}}]"
 
 
-def render(pair: list[dict], smollm2: list[dict], trees: list[dict]) -> str:
+def render(pair: list[dict], chains: list[dict], trees: list[dict]) -> str:
     text = ""
     if pair:
         text += "### The real pair: HumanEval pass@1 by execution\n\n" + md_table(
@@ -206,21 +214,26 @@ def render(pair: list[dict], smollm2: list[dict], trees: list[dict]) -> str:
             [[fmt(r["temperature"], "g"), str(r["gamma"]), r["rule"], fmt(r["tau"]), fmt_gain(r["tau_gain"]),
               fmt(r["acceptance"]), f"{r['quality'] * 100:.1f}%", interval(r["quality_change"], 100),
               fmt(r["speed_vs_base"], ".2f", "x"), fmt(r["policy_share"], ".1%")] for r in pair]) + "\n\n"
-    if smollm2:
-        text += "### SmolLM2-135M: the target's NLL and agreement with greedy\n\n" + md_table(
+    for model in models_of(chains):
+        text += f"### {model}: distortion, the target's NLL and agreement with greedy\n\n" + md_table(
             ["T", "gamma", "drafter", "rule", "tau", "tau gain", "acceptance", "TV mean", "TV p95", "KL",
              "NLL", "vs base [95% CI]", "agreement", "vs base [95% CI]", "x base (median)", "prompts"],
             [[fmt(r["temperature"], "g"), str(r["gamma"]), r["drafter"], r["rule"], fmt(r["tau"]),
               fmt_gain(r["tau_gain"]), fmt(r["acceptance"]), *distortion_cells(r), fmt(r["quality"], ".3f"),
               interval(r["quality_change"], 1, "+.3f"), fmt(r["agreement"], ".2f"),
               interval(r["agreement_change"], 1, "+.2f"), fmt(r["speed_vs_base"], ".2f", "x"), str(r["prompts"])]
-             for r in smollm2]) + "\n\n"
+             for r in chains if r["model"] == model]) + "\n\n"
     for result in trees:
         import bench_tree_rules
 
         target = result["settings"].get("target", "smollm2-135m-instruct")
         text += f"### {target} on draft trees (T > 0)\n\n" + bench_tree_rules.table(result)
     return text
+
+
+def models_of(rows: list[dict]) -> list[str]:
+    """The targets of the rows, in order of first appearance."""
+    return list(dict.fromkeys(r["model"] for r in rows))
 
 
 def distortion_cells(row: dict) -> list[str]:
@@ -235,19 +248,23 @@ def distortion_cells(row: dict) -> list[str]:
     return [f"{mark}{row['tv_mean']:.4f}", f"{mark}{row['tv_p95']:.4f}", kl]
 
 
-def plot_distortion(smollm2: list[dict], png: Path) -> Path:
-    """tau gain against the mean TV distance from the target, one panel per temperature."""
+def plot_distortion(chains: list[dict], png: Path) -> Path:
+    """tau gain against the mean TV distance from the target, one panel per target and temperature."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
 
-    temperatures = sorted({r["temperature"] for r in smollm2 if r.get("tv_mean") is not None})
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(6.5 * len(temperatures), 5), squeeze=False)
-    for ax, temperature in zip(axes[0], temperatures):
-        for r in smollm2:
-            if r["temperature"] != temperature or r.get("tv_mean") is None or r["tau_gain"] is None:
-                continue
+    measured = [r for r in chains if r.get("tv_mean") is not None and r["tau_gain"] is not None]
+    panels = sorted({(r["model"], r["temperature"]) for r in measured}, key=lambda k: (models_of(measured).index(k[0]), k[1]))
+    columns = len({t for _, t in panels})
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 5 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (model, temperature) in zip(axes.flat, panels):
+        mine = [r for r in measured if r["model"] == model and r["temperature"] == temperature]
+        for r in mine:
             marker = "o" if r["gamma"] <= 5 else "s"
             color = "tab:blue" if r["rule"] in LOSSLESS else "tab:red"
             if r["rule"] == "exact" and temperature > 0:
@@ -259,12 +276,13 @@ def plot_distortion(smollm2: list[dict], png: Path) -> Path:
                         fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.axvline(0, color="grey", lw=0.5)
         ax.axhline(0, color="grey", lw=0.5)
-        ax.set_title(f"SmolLM2-135M, early-exit draft, T = {temperature:g}")
+        drafters = ", ".join(sorted({r["drafter"] for r in mine}))
+        ax.set_title(f"{model}, draft {drafters}, T = {temperature:g}", fontsize=9)
         ax.set_xlabel("mean TV distance from the target per judged position")
         ax.set_ylabel("tau gain over the base (%)")
-    fig.text(0.01, 0.01, "blue: lossless, red: lossy; circles gamma 5, squares gamma 10; hollow: an upper bound "
+    fig.text(0.01, 0.005, "blue: lossless, red: lossy; circles gamma 5, squares gamma 10; hollow: an upper bound "
              "on TV (FLy); the base is exact at T = 0, sampling at T = 1", fontsize=8)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)
     return png
@@ -274,14 +292,16 @@ def fmt_gain(gain: float | None) -> str:
     return "–" if gain is None else f"{gain * 100:+.1f}%"
 
 
-def plot(pair: list[dict], smollm2: list[dict], png: Path) -> Path:
+def plot(pair: list[dict], chains: list[dict], png: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # files only
     import matplotlib.pyplot as plt
 
-    panels = [("the real pair, HumanEval (T = 1)", "pass@1 change (points)", pair, 100.0),
-              ("SmolLM2-135M, early-exit draft", "-(NLL change) per token (right = more likely)", smollm2, -1.0)]
+    panels = [("the real pair, HumanEval (T = 1)", "pass@1 change (points)", pair, 100.0)] + [
+        (f"{model}, draft {', '.join(sorted({r['drafter'] for r in chains if r['model'] == model}))}",
+         "-(NLL change) per token (right = more likely)", [r for r in chains if r["model"] == model], -1.0)
+        for model in models_of(chains)]
     panels = [p for p in panels if p[2]]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), squeeze=False)
     for ax, (title, xlabel, rows, scale) in zip(axes[0], panels):
@@ -312,30 +332,31 @@ def plot(pair: list[dict], smollm2: list[dict], png: Path) -> Path:
 def main(argv=None) -> int:
     parser = benchlib.Parser(prog=PROG, description=__doc__.strip().splitlines()[0])
     parser.add_argument("--pair", type=Path, nargs="*", default=[], help="bench_humaneval.json files")
-    parser.add_argument("--smollm2", type=Path, nargs="*", default=[], help="bench_policies.json files")
+    parser.add_argument("--chains", type=Path, nargs="*", default=[],
+                        help="bench_policies.json files (any target; each row labelled by its target)")
     parser.add_argument("--trees", type=Path, nargs="*", default=[], help="bench_tree_rules.json files")
     parser.add_argument("--out", type=benchlib.out_folder("--out"), default=None, help=f"output folder (if not given: out/{PROG}/)")
     parser.add_argument("--png", type=Path, default=None, help="the figure (if not given: none)")
     parser.add_argument("--png-distortion", type=Path, default=None,
-                        help="tau gain against distortion, from --smollm2 results that measured it (if not given: none)")
+                        help="tau gain against distortion, from --chains results that measured it (if not given: none)")
     args = parser.parse_args(argv)
 
     def body() -> int:
-        if not (args.pair or args.smollm2 or args.trees):
-            raise MinispecError("nothing to tabulate; expected --pair, --smollm2 or --trees with result files")
+        if not (args.pair or args.chains or args.trees):
+            raise MinispecError("nothing to tabulate; expected --pair, --chains or --trees with result files")
         pair = [row for path in args.pair for row in pair_rows(read_json(path, "bench_humaneval.py"))]
-        smollm2 = smollm2_rows([read_json(path, "bench_policies.py") for path in args.smollm2])
+        chains = chain_rows([read_json(path, "bench_policies.py") for path in args.chains])
         trees = [read_json(path, "bench_tree_rules.py") for path in args.trees]
-        text = render(pair, smollm2, trees)
+        text = render(pair, chains, trees)
         out = benchlib.out_dir(PROG, args.out)
-        benchlib.write_outputs(out, PROG, {"pair": pair, "smollm2": smollm2}, text)
+        benchlib.write_outputs(out, PROG, {"pair": pair, "chains": chains}, text)
         if args.png is not None:
-            print(f"{PROG}: wrote {plot(pair, smollm2, args.png)}", file=sys.stderr)
+            print(f"{PROG}: wrote {plot(pair, chains, args.png)}", file=sys.stderr)
         if args.png_distortion is not None:
-            if not any(r.get("tv_mean") is not None for r in smollm2):
-                raise MinispecError("--png-distortion: no --smollm2 result measured distortion; expected a "
+            if not any(r.get("tv_mean") is not None for r in chains):
+                raise MinispecError("--png-distortion: no --chains result measured distortion; expected a "
                                     "bench_policies.json with distortion columns")
-            print(f"{PROG}: wrote {plot_distortion(smollm2, args.png_distortion)}", file=sys.stderr)
+            print(f"{PROG}: wrote {plot_distortion(chains, args.png_distortion)}", file=sys.stderr)
         print(text)
         return 0
 
