@@ -29,7 +29,8 @@ the x axis is -dNLL: right is better in both), y = tau gain over its base, bars 
 of the quality change. Lossless rules sit at x = 0 up to chance. The distortion figure
 (--png-distortion): the --chains rows against the mean TV distance of the distribution each rule
 emits at a judged position from the target's (bench_policies' distortion columns), one panel per
-target and temperature: lossless rules sit at x = 0 exactly, not up to chance. Writes rules_table.md and .json to --out; the figures need matplotlib.
+target and temperature: lossless rules sit at x = 0 exactly, not up to chance. Writes
+rules_table.md and .json to --out; the figures need matplotlib.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def pair_rows(result: dict) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------- chains on any target (bench_policies)
+# --------------------------------------------------------- chains on any target (bench_policies)
 
 
 def rule_of(record: dict) -> str:
@@ -256,7 +257,8 @@ def plot_distortion(chains: list[dict], png: Path) -> Path:
     import matplotlib.pyplot as plt
 
     measured = [r for r in chains if r.get("tv_mean") is not None and r["tau_gain"] is not None]
-    panels = sorted({(r["model"], r["temperature"]) for r in measured}, key=lambda k: (models_of(measured).index(k[0]), k[1]))
+    order = {model: i for i, model in enumerate(models_of(measured))}
+    panels = sorted({(r["model"], r["temperature"]) for r in measured}, key=lambda k: (order[k[0]], k[1]))
     columns = len({t for _, t in panels})
     rows = -(-len(panels) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 5 * rows), squeeze=False)
