@@ -193,6 +193,6 @@ def test_each_target_is_compared_with_its_own_base_and_drawn_in_its_own_panels(t
         "model"] == "smollm2-135m-instruct"  # a result from before targets were recorded
     text = rules_table.render([], rows, [])
     assert text.index("### big:") > text.index("### small:")  # in the order given
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="the figure needs matplotlib (pip install -e .[bench])")
     png = rules_table.plot_distortion(rows, tmp_path / "d.png")
     assert png.stat().st_size > 0

@@ -148,8 +148,9 @@ def kernels_line(s: dict) -> str:
 
 
 def draft_length_line(s: dict) -> str:
-    """', draft length auto: 3.1 drafted per drafted step, 2 steps without a draft (step cost of 0..gamma
-    drafts, in plain steps: 1.00, 1.10, ...)': the schedule when it is not fixed (empty for fixed or a tree)."""
+    """The schedule when it is not fixed (empty for fixed or a tree), e.g. ', draft length auto: 3.1
+    drafted per drafted step, 2 steps without a draft (step cost of 0..gamma drafts, in plain steps:
+    1.00, 1.10, ...)'."""
     name = s.get("draft_length", "fixed")
     if name == "fixed":
         return ""

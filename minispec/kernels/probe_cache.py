@@ -2,8 +2,9 @@
 
 --draft-kernels auto times each candidate kind on this CPU (measure.fastest_kind) and takes the
 fastest; --draft-length auto prices each draft length (step_cost.costs). Timings are noisy, and
-two kinds that are close could swap places from one run to the next. Their roundings differ (bfloat16 against float16 weights), so the draft's probabilities
-q_draft would differ too, and at T > 0 the same seed would give other text. Keeping the first
+two kinds that are close could swap places from one run to the next. Their roundings differ
+(bfloat16 against float16 weights), so the draft's probabilities q_draft would differ too, and at
+T > 0 the same seed would give other text. Keeping the first
 answer makes the choice, and so the output, repeatable on one machine:
 
     key    = the machine (CPU model and flags, logical CPUs, torch threads, torch version, the ISA caps
