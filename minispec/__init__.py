@@ -7,7 +7,7 @@ Chapter 1, the chain (chain/): draft, verify gamma+1 rows in one pass, decide, r
   chain/speculative.py    the loop, generate_chain: read it first
   chain/loop.py, stats.py what every loop shares (results, checks, commit); tau and the rest, defined once
   chain/drafters.py       the drafter interface and its kinds; draft_length.py: how many to draft
-  chain/pacing.py         a stream in fixed chunks at a fixed cadence: the accepted counts hidden
+  lab/pacing.py         a stream in fixed chunks at a fixed cadence: the accepted counts hidden
   acceptance/             base.py: what a policy sees and returns; one rule per file: exact.py,
                           sampling.py, block.py (and traversal's chain form), typical.py, lenience.py,
                           fly.py, ensemble.py, kl_judge.py, dropmatch/ (rule.py: Algorithm 1 as written;

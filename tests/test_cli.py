@@ -55,7 +55,7 @@ def test_dropout_p_auto_reports_the_calibrated_p_in_json_and_stats(real_ckpt, ca
     the same p as calling the calibration directly, reported in --json and --stats; a fixed p is
     reported as given. A higher --agreement asks for a smaller p."""
     import minispec
-    from minispec.acceptance.dropmatch.calibrate import auto_dropout_p
+    from minispec.lab.dropout_calibration import auto_dropout_p
 
     common = ("--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "6", "--draft", "ngram", "--policy", "dropmatch")
     code, out, _ = run_cli(capsys, *common, "--json", "--dropout-p", "auto", "--agreement", "0.5")
@@ -503,7 +503,7 @@ def test_draft_length_auto_prices_once_per_machine_and_says_so(real_ckpt, capsys
     """--draft-length auto: the stats name the schedule and the prices it chose by; the prices are kept
     (MINISPEC_HOME/probe.json), so a second run measures nothing and gives the same tokens; greedy
     exact stays plain greedy."""
-    from minispec.kernels import step_cost
+    from minispec.lab import step_cost
 
     monkeypatch.setenv("MINISPEC_HOME", str(tmp_path))
     calls = []

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from minispec import acceptance
-from minispec.acceptance.dropmatch.calibrate import MeasuredAgreement
+from minispec.lab.dropout_calibration import MeasuredAgreement
 from minispec.chain.drafters import make_drafter
 from minispec.chain.speculative import generate_chain as generate
 from minispec.testing import model_configs, random_model, seeds

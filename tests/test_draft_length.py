@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from minispec.chain import draft_length
-from minispec.chain.draft_length import DraftLength, Fallback, Fixed, Heuristic, Priced, best_length, expected_tokens
+from minispec.chain.draft_length import DraftLength, Fixed, Heuristic
+from minispec.lab.draft_length import Fallback, Priced, best_length, expected_tokens
 from minispec.chain.drafters import ModelDrafter, NgramDrafter, confidence, make_drafter
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams
@@ -166,7 +167,7 @@ def test_priced_costs_are_in_plain_steps_and_checked():
         assert f"auto draft length: {option} = " in one_line(err)
     with pytest.raises(MinispecError) as err:
         draft_length.get("auto", 5)
-    assert "Priced(gamma, costs)" in one_line(err)
+    assert "minispec.lab.draft_length" in one_line(err)
 
 
 @given(costs=st.lists(st.floats(0.2, 10.0), min_size=2, max_size=7), start=st.floats(0.0, 1.0),
@@ -192,25 +193,24 @@ def test_get_builds_by_name_and_passes_objects_through():
     assert isinstance(schedule, Heuristic) and (schedule.gamma, schedule.start) == (8, 8)
     mine = Heuristic(4, start=1)
     assert draft_length.get(mine, 5) is mine
-    fallback = draft_length.get("fallback:1.5", 6)
-    assert isinstance(fallback, Fallback) and (fallback.gamma, fallback.break_even) == (6, 1.5)
+    fallback = Fallback(6, 1.5)  # the lab's schedules plug in as objects
+    assert draft_length.get(fallback, 6) is fallback
 
 
 def test_get_and_schedule_errors_are_one_line():
     with pytest.raises(MinispecError) as err:
         draft_length.get("adaptive", 5)
-    assert "draft_length='adaptive': unknown draft length schedule; expected one of fixed, heuristic" in one_line(err)
+    assert "draft_length='adaptive': unknown draft length schedule; expected fixed, heuristic" in one_line(err)
     with pytest.raises(MinispecError) as err:
         draft_length.get(Heuristic(8), 5)
     assert "draft_length=" in one_line(err) and "up to 8 tokens; expected at most gamma=5" in one_line(err)
     with pytest.raises(MinispecError) as err:
         Heuristic(4, start=5)
     assert "start = 5; expected an integer in 1..gamma=4" in one_line(err)
-    for spec, words in [("fallback", "expected fallback:BREAK_EVEN"), ("fallback:x", "expected fallback:BREAK_EVEN"),
-                        ("fallback:0.5", "break_even = 0.5; expected a number of tokens per step in 1..gamma+1=6"),
-                        ("fallback:nan", "break_even = nan"), ("fallback:7", "break_even = 7.0")]:
+    for break_even, words in [(0.5, "break_even = 0.5; expected a number of tokens per step in 1..gamma+1=6"),
+                              (float("nan"), "break_even = nan"), (7, "break_even = 7")]:
         with pytest.raises(MinispecError) as err:
-            draft_length.get(spec, 5)
+            Fallback(5, break_even)
         assert words in one_line(err)
     for options, words in [(dict(window=0), "window = 0; expected an integer"), (dict(probe=2.5), "probe = 2.5"),
                            (dict(break_even=True), "break_even = True")]:
@@ -248,8 +248,9 @@ class Recorded(Heuristic):
 def test_adaptive_greedy_equals_plain_greedy(setup, gamma, kind, n_new, schedule, p_min):
     """Whatever the schedule and the cut-off, exact speculative greedy emits plain greedy's tokens."""
     cfg, seed, prompt = setup
-    if schedule.startswith("fallback:"):  # a break-even in 1..gamma+1
-        schedule = f"fallback:{min(float(schedule.partition(':')[2]), gamma + 1)}"
+    name = schedule.partition(":")[0]
+    if name == "fallback":  # a break-even in 1..gamma+1
+        schedule = Fallback(gamma, min(float(schedule.partition(':')[2]), gamma + 1))
     target = random_model(cfg, seed, scale=3.0)  # peaky distributions: long greedy agreements
     plain = generate(target, prompt, max_new_tokens=n_new, eos_token_ids=[])
     drafter = build_draft(kind, target, seed, p_min=0.0 if kind == "ngram" else p_min)
@@ -257,7 +258,7 @@ def test_adaptive_greedy_equals_plain_greedy(setup, gamma, kind, n_new, schedule
                     draft_length=schedule, eos_token_ids=[])
     assert spec.tokens == plain.tokens
     s = spec.stats
-    assert s["draft_length"] == schedule.partition(":")[0] and s["gamma"] == gamma
+    assert s["draft_length"] == name and s["gamma"] == gamma
     assert 1 <= s["tau"] <= gamma + 1
     assert sum(s["accepted_length_histogram"]) + s["no_draft_steps"] == s["verify_steps"]
 
@@ -309,7 +310,7 @@ def test_fallback_decodes_plainly_when_the_draft_never_agrees_and_never_when_it_
     drafted = [r.inp.gamma for r in records]
     assert drafted[:2] == [4, 4] and drafted.count(0) >= len(drafted) // 2  # off after two failed steps
     records = []
-    generate(target, [5, 6, 7], max_new_tokens=40, draft=target, gamma=4, draft_length="fallback:4.5",
+    generate(target, [5, 6, 7], max_new_tokens=40, draft=target, gamma=4, draft_length=Fallback(4, 4.5),
              eos_token_ids=[], on_step=records.append)  # the target drafting for itself: 5 tokens a step
     assert all(r.inp.gamma == min(4, 40 - 1 - 5 * i - 1) for i, r in enumerate(records))  # never off
 
@@ -335,7 +336,8 @@ def test_priced_greedy_equals_plain_greedy(setup, kind, n_new, costs, start):
 def test_same_seed_same_tokens_with_a_schedule_object_reused(schedule):
     target = random_model(tiny_config(), 0)
     drafter = ModelDrafter(random_model(tiny_config(), 1), p_min=0.2)
-    shared = Priced(5, [1.0, 1.2, 1.5, 1.9, 2.4, 3.0]) if schedule == "auto" else draft_length.get(schedule, 5)
+    shared = Priced(5, [1.0, 1.2, 1.5, 1.9, 2.4, 3.0]) if schedule == "auto" else Fallback(5, 2.0) \
+        if schedule == "fallback:2" else draft_length.get(schedule, 5)
     runs = [generate(target, [1, 2, 3], max_new_tokens=20, draft=drafter, policy="sampling", temperature=1.0,
                      seed=s, draft_length=shared, eos_token_ids=[]).tokens for s in (7, 7, 8)]
     assert runs[0] == runs[1]

@@ -37,6 +37,9 @@ MAY_IMPORT = {
     "kernels": TOOLBOX | {"model", "checkpoints"},
     "weights": {"checkpoints"},
     "decode": {"chain", "trees", "batch"},
+    # The lab, beside the chapters: it studies the method, so it may use all of it; nothing above
+    # lists "lab", so nothing in the reference imports it (only the command line and testing/ may).
+    "lab": TOOLBOX | {"model", "acceptance", "chain", "trees", "batch", "checkpoints", "kernels"},
 }
 ABOVE = {"generate", "testing"}  # may import any folder
 # One file on the reading path reaches the wings: a draft named by checkpoint or precision is loaded there.
@@ -131,6 +134,19 @@ def folder_breaches(graph: dict[str, set[str]]) -> list[str]:
             if target in LOOPS and there != home and home not in LOOP_IMPORTERS:
                 breaches.append(f"{module} imports the loop {target}: only {sorted(LOOP_IMPORTERS)} may")
     return breaches
+
+
+def test_nothing_in_the_reference_imports_the_lab(monkeypatch):
+    """The lab (minispec/lab/) measures the method; the method never depends on it: no module outside
+    the lab imports it but the command line (generate/) and testing/, which sit above everything. A
+    planted import of the lab from a chapter is a breach."""
+    monkeypatch.setitem(GRAPH, "minispec.chain.loop", GRAPH["minispec.chain.loop"] | {"minispec.lab.pacing"})
+    assert any("chain.loop imports minispec.lab.pacing" in line for line in folder_breaches(GRAPH))
+    monkeypatch.undo()
+    importers = sorted(m for m, targets in GRAPH.items() if folder(m) not in {"lab", "generate", "testing"}
+                       and any(folder(t) == "lab" for t in targets))
+    assert importers == []
+    assert all(folder != "lab" and "lab" not in allowed for folder, allowed in MAY_IMPORT.items() if folder != "lab")
 
 
 def test_every_folder_has_a_rule():

@@ -304,7 +304,7 @@ def test_distortion_survives_json_and_pools_positions():
     import json as json_module
     import math
 
-    from minispec.acceptance.distortion import PositionDistortion
+    from minispec.lab.distortion import PositionDistortion
 
     class Meter:
         records = [PositionDistortion(0.1, 0.2, "exact"), PositionDistortion(0.3, math.inf, "exact")]

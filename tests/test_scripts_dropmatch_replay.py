@@ -226,7 +226,7 @@ def test_auto_p_reports_what_the_cli_would_pick_per_prompt_and_pooled(real_ckpt,
     import dropmatch_auto_p
 
     import minispec
-    from minispec.acceptance.dropmatch.calibrate import MeasuredAgreement, auto_dropout_p
+    from minispec.lab.dropout_calibration import MeasuredAgreement, auto_dropout_p
 
     target = tiny_checkpoint(real_ckpt, tmp_path / "target", seed=0)
     out = tmp_path / "out"

@@ -30,7 +30,7 @@ Our decisions where the paper is silent:
 - the confidence mask reads the same distribution c as the divergence (the paper: top-1 > 0.9);
 - a judged draft needs c_i(d_i) > 0: a token the target rules out (top-k, top-p) is never kept;
 - the divergence is computed in float64; threshold 0.5 nats is our default, not the paper's
-  (choose it by the distortion it costs: `minispec.acceptance.distortion`).
+  (choose it by the distortion it costs: `minispec.lab.distortion`).
 """
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class GenerateArgs:
 
 
 def build_parser() -> Parser:
-    from minispec.acceptance.dropmatch.calibrate import DEFAULT_LEVEL
+    from minispec.lab.dropout_calibration import DEFAULT_LEVEL
     from minispec.model.sampling import MIN_TEMPERATURE
 
     p = Parser(prog=PROG, description="Generate text with a Llama/Qwen checkpoint, plainly or by draft-then-verify.",
@@ -219,7 +219,7 @@ def build_parser() -> Parser:
     s.add_argument("--dropout-p", type=dropout_p, default=0.3,
                    help="DropMatch: dropout probability on the LM-head input, in [0, 1), or 'auto': the p whose "
                         "measured all-K head agreement with the clean argmax is --agreement, on the target's first "
-                        "32 greedy tokens of this prompt (minispec.acceptance.dropmatch.calibrate)")
+                        "32 greedy tokens of this prompt (minispec.lab.dropout_calibration)")
     s.add_argument("--agreement", type=ranged(float, "--agreement", lo=0, hi=1, lo_open=True), default=DEFAULT_LEVEL,
                    help="with --dropout-p auto: the share of positions where all K heads keep the clean argmax")
     s.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")

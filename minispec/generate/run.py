@@ -76,7 +76,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
     prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
     p = policy_options(args).get("p", args.dropout_p)
     if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
-        from minispec.acceptance.dropmatch.calibrate import CALIBRATION_TOKENS, auto_dropout_p
+        from minispec.lab.dropout_calibration import CALIBRATION_TOKENS, auto_dropout_p
         from minispec.chain.speculative import generate_chain
 
         from minispec.chain.loop import check_prompt
@@ -158,12 +158,16 @@ def load(args: GenerateArgs):
 
 
 def _draft_length(args: GenerateArgs, model, drafter):
-    """--draft-length: its name, or for auto a Priced schedule over this machine's measured step costs
-    (after the kernels are applied: the prices are those of the kinds that run)."""
+    """--draft-length: fixed or heuristic by name; fallback:TAU and auto are the lab's schedules, auto
+    priced by this machine's measured step costs (after the kernels are applied: the prices are those
+    of the kinds that run)."""
+    from minispec.lab.draft_length import Fallback, Priced
+
+    if args.draft_length.startswith("fallback:"):
+        return Fallback(args.gamma, float(args.draft_length.partition(":")[2]))
     if args.draft_length != "auto":
         return args.draft_length
-    from minispec.chain.draft_length import Priced
-    from minispec.kernels import step_cost
+    from minispec.lab import step_cost
 
     return Priced(args.gamma, step_cost.costs(model, drafter, args.gamma))
 

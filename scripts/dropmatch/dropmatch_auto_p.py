@@ -3,7 +3,7 @@
     python scripts/dropmatch/dropmatch_auto_p.py [--ckpt qwen2.5-coder-1.5b-instruct] [--sets humaneval:16,mt_bench:4,qa:4]
                                        [--levels 0.8,0.95] [--paths 5]
 
-For every prompt: the p that `--dropout-p auto` chooses (minispec.acceptance.dropmatch.calibrate.
+For every prompt: the p that `--dropout-p auto` chooses (minispec.lab.dropout_calibration.
 auto_dropout_p on the first CALIBRATION_TOKENS tokens of the target's greedy continuation, as the
 CLI does). For every set: the median and range of those p, the p that reaches the level on all
 of the set's positions pooled (the full continuations), and the pooled agreement on every other
@@ -23,7 +23,7 @@ from dropmatch_replay import continuations, set_counts
 
 import torch  # noqa: E402
 
-from minispec.acceptance.dropmatch.calibrate import (CALIBRATION_TOKENS, MeasuredAgreement,  # noqa: E402
+from minispec.lab.dropout_calibration import (CALIBRATION_TOKENS, MeasuredAgreement,  # noqa: E402
                                                      auto_dropout_p, calibrate_p)
 from minispec.cli import ranged  # noqa: E402
 

@@ -7,7 +7,7 @@ positions DropMatch judges; the same cached continuations as scripts/dropmatch/d
 on random tiny models of several widths d (random tokens through a random 2-layer model). For
 each, at every p of --ps and K of --paths:
 
-    estimates  minispec.acceptance.dropmatch.calibrate.EstimatedAgreement: first order and Gaussian
+    estimates  minispec.lab.dropout_calibration.EstimatedAgreement: first order and Gaussian
     measured   MeasuredAgreement: K Monte Carlo masks per position (common random numbers)
 
 and the p each picks for the agreement levels of --levels (bisection), with the measured
@@ -27,7 +27,7 @@ from dropmatch_replay import continuations, or_none, set_counts
 
 import torch  # noqa: E402
 
-from minispec.acceptance.dropmatch.calibrate import EstimatedAgreement, MeasuredAgreement, calibrate_p  # noqa: E402
+from minispec.lab.dropout_calibration import EstimatedAgreement, MeasuredAgreement, calibrate_p  # noqa: E402
 from minispec.cli import ranged  # noqa: E402
 
 PROG = "dropmatch_calibration"

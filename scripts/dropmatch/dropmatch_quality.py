@@ -18,7 +18,7 @@ base) on the same prompts, and reports per configuration:
                    Change vs the base in points, 95% bootstrap interval over problems (paired)
     speed-up       median over prompts of tok/s over the base's tok/s on the same prompt
 
-p = "auto": minispec.acceptance.dropmatch.calibrate picks p per prompt, as `--dropout-p auto` does
+p = "auto": minispec.lab.dropout_calibration picks p per prompt, as `--dropout-p auto` does
 (the p whose estimated all-K head agreement on the target's first 32 greedy tokens is --level).
 
 Outputs: out/dropmatch_quality/ (git-ignored): records.jsonl (one record per configuration and
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from minispec import acceptance  # noqa: E402
 from minispec.acceptance.dropmatch.rule import CRITERIA  # noqa: E402
-from minispec.acceptance.dropmatch.calibrate import DEFAULT_LEVEL, auto_dropout_p  # noqa: E402
+from minispec.lab.dropout_calibration import DEFAULT_LEVEL, auto_dropout_p  # noqa: E402
 from minispec.cli import ranged  # noqa: E402
 
 PROG = "dropmatch_quality"

@@ -38,7 +38,7 @@ What each number means
                  equals the clean argmax (the paper's Table 2). "loop": from the runs' stats
                  (policy_info heads_agree / positions) at T = 0; "direct": along plain greedy
                  outputs, with the share of positions by number of distinct head tokens.
-  TV, KL         distortion (minispec.acceptance.distortion): at every position a rule judged, the
+  TV, KL         distortion (minispec.lab.distortion): at every position a rule judged, the
                  distance of the distribution it emits there from the target's p (after temperature;
                  one-hot at T = 0): TV mean and 95th percentile over the positions, pooled over prompts,
                  and the mean KL(p || pi) over the positions where it is finite ("inf x%": the share
@@ -79,8 +79,8 @@ from benchlib import fmt, md_table, mean, median, ratio
 import torch  # noqa: E402
 
 from minispec import acceptance  # noqa: E402
-from minispec.acceptance.distortion import DistortionMeter, PositionDistortion  # noqa: E402
-from minispec.acceptance.distortion import summarise as summarise_distortion  # noqa: E402
+from minispec.lab.distortion import DistortionMeter, PositionDistortion  # noqa: E402
+from minispec.lab.distortion import summarise as summarise_distortion  # noqa: E402
 from minispec.cli import ranged, run_main  # noqa: E402
 
 PROG = "bench_policies"

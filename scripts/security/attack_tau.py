@@ -21,7 +21,7 @@ such search, per drafter and prompt, at temperature 0:
 Then, on the benign prompt and the two attacked ones, in turn (one run, so a drift in the machine's
 speed hits both): plain greedy decoding (the baseline of every speed-up); each --policies rule
 (tau, tok/s, speed-up, whether its output equals the target's greedy output); and the exact rule
-with the per-request fallback (minispec.chain.draft_length.Fallback) at this drafter's measured
+with the per-request fallback (minispec.lab.draft_length.Fallback) at this drafter's measured
 break-even
 
     tau* = (time of a speculative step) / (time of a plain step)      on the first benign prompt

@@ -12,7 +12,7 @@ step's tokens became available. From each record it forms what a client sees (ti
 first token on: time to first token follows the prompt's length, not speculation):
 
     stream       every step's tokens as they come (today's streaming)
-    paced@plain  minispec.chain.pacing.schedule: --chunk tokens per release, at the cadence of
+    paced@plain  minispec.lab.pacing.schedule: --chunk tokens per release, at the cadence of
                  plain decoding on this machine (median seconds per token over the prompts)
     paced@p10    the same at the 10th percentile of this drafter's own rates: faster, with stalls
                  on the slowest prompts
@@ -99,7 +99,7 @@ def loo_accuracy(X: list[list[float]], y: list[str]) -> dict[str, float]:
 
 
 def views(arrivals: list[tuple[float, int]], chunk: int, intervals: dict[str, float]) -> dict[str, list]:
-    from minispec.chain import pacing
+    from minispec.lab import pacing
 
     out = {"stream": arrivals}
     for name, interval in intervals.items():

@@ -18,7 +18,7 @@ with one line):
    decoding (tok/s, share of the bound, the tokens before the first difference from float32's
    and whether the two logits there are a near-tie), and speculative decoding with the n-gram
    draft and with --draft in --draft-format at each --gammas, and with each drafter's draft length
-   chosen per step by --draft-length auto up to the largest gamma (minispec.kernels.step_cost: this
+   chosen per step by --draft-length auto up to the largest gamma (minispec.lab.step_cost: this
    format's measured pass costs; "auto<=G", with the mean drafted per drafted step) (tok/s, tau,
    speed-up over the same format's plain decoding, output = that plain decoding's).
 
@@ -51,7 +51,7 @@ import torch  # noqa: E402
 
 from minispec.cli import ranged  # noqa: E402
 from minispec.kernels import measure as probe  # noqa: E402
-from minispec.kernels import step_cost as prices  # noqa: E402  (this script has a step_cost of its own)
+from minispec.lab import step_cost as prices  # noqa: E402  (this script has a step_cost of its own)
 
 PROG = "bench_formats"
 FORMATS, BYTES_PER_WEIGHT = benchlib.FORMATS, benchlib.BYTES_PER_WEIGHT
@@ -122,7 +122,7 @@ def run_llama(bin_dir: Path, ckpt: Path, draft: str | None, prompts, tokenizer, 
 
 def measure(args, ckpt) -> dict:
     import minispec
-    from minispec.chain.draft_length import Priced
+    from minispec.lab.draft_length import Priced
     from minispec.chain.drafters import ModelDrafter, make_drafter
     from minispec.decode import generate
 

@@ -2,5 +2,4 @@
 
     rule.py        DropMatch: Algorithm 1 as written, every path computed
     lazy.py        LazyDropMatch: the same decisions by exact shortcuts (paths only where needed)
-    calibrate.py   the dropout rate p that keeps the clean argmax at a chosen share of positions
 """

@@ -1,10 +1,10 @@
-"""Paced emission (minispec.chain.pacing): the schedule's rule, that it hides the per-step counts
+"""Paced emission (minispec.lab.pacing): the schedule's rule, that it hides the per-step counts
 while the generator keeps ahead, and the live stream delivering every token in order."""
 
 import pytest
 from hypothesis import given, strategies as st
 
-from minispec.chain import pacing
+from minispec.lab import pacing
 from minispec.chain.speculative import generate_chain as generate
 from minispec.errors import MinispecError
 from minispec.testing import random_model, tiny_config

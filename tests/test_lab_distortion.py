@@ -1,4 +1,4 @@
-"""Distortion (minispec/acceptance/distortion/): each rule's one-position output distribution
+"""Distortion (minispec/lab/distortion/): each rule's one-position output distribution
 pi = q . a + (1 - sum q a) r is the distribution the policy itself emits (chi-square over the
 policy's own coins and masks, exact over the draft token, for every rule with a form); the
 lossless settings have zero distortion to float64 rounding; the static ensemble emits
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from minispec import acceptance
 from minispec.acceptance import VerifyInput
-from minispec.acceptance.distortion import (DistortionMeter, FormContext, form_of, output_distribution,
+from minispec.lab.distortion import (DistortionMeter, FormContext, form_of, output_distribution,
                                             position_distortion, total_variation)
-from minispec.acceptance.distortion.forms import rows
+from minispec.lab.distortion.forms import rows
 from minispec.chain.speculative import generate_chain as generate
 from minispec.model.sampling import SamplingParams, logits_to_probs
 from minispec.testing import seeds
@@ -188,7 +188,7 @@ def test_dropmatch_monte_carlo_error_shrinks_with_draws():
 def test_the_distances_by_hand():
     """p = (0.5, 0.5), pi = (0.9, 0.1): TV 0.4; KL(p || pi) = 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.5108
     (KL(pi || p) would be 0.3681); pi = 0 where p > 0 is infinite; p's zeros cost nothing."""
-    from minispec.acceptance.distortion import kl_from_target
+    from minispec.lab.distortion import kl_from_target
     p, pi = torch.tensor([0.5, 0.5], dtype=F64), torch.tensor([0.9, 0.1], dtype=F64)
     assert total_variation(pi, p) == pytest.approx(0.4, abs=1e-15)
     assert kl_from_target(p, pi) == pytest.approx(0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(5.0), abs=1e-15)

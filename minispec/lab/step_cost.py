@@ -1,5 +1,5 @@
 """What a speculative step costs on this CPU, in plain decoding steps: the prices --draft-length auto
-chooses its draft length from (minispec.chain.draft_length.Priced(gamma, costs(target, drafter,
+chooses its draft length from (minispec.lab.draft_length.Priced(gamma, costs(target, drafter,
 gamma)), built above the chapters: this wing only measures).
 
 A step of g drafts runs g draft forwards and one target pass of g + 1 rows:

@@ -11,8 +11,8 @@
     meter.summary()   # {"tv_mean": ..., "tv_p95": ..., "kl_mean": ..., ...}
 """
 
-from minispec.acceptance.distortion.forms import Form, FormContext, NotCovered, form_of, register_form
-from minispec.acceptance.distortion.meter import (DistortionMeter, PositionDistortion, kl_from_target,
+from minispec.lab.distortion.forms import Form, FormContext, NotCovered, form_of, register_form
+from minispec.lab.distortion.meter import (DistortionMeter, PositionDistortion, kl_from_target,
                                                   output_distribution, position_distortion, summarise,
                                                   total_variation)
 

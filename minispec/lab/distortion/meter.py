@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput
-from minispec.acceptance.distortion.forms import (LOSSLESS_BY_THEOREM, Form, FormContext, NotCovered, form_of,
+from minispec.lab.distortion.forms import (LOSSLESS_BY_THEOREM, Form, FormContext, NotCovered, form_of,
                                                   rows)
 
 F64 = torch.float64

@@ -1,4 +1,4 @@
-"""minispec.acceptance.dropmatch.calibrate: the agreement curves and the bisection on p.
+"""minispec.lab.dropout_calibration: the agreement curves and the bisection on p.
 
 The estimate is checked against a Monte Carlo of the dropout itself where its assumptions hold
 (a wide LM-head input of i.i.d. coordinates: the central limit theorem applies), the measured
@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from minispec.acceptance.dropmatch.calibrate import (EstimatedAgreement, MeasuredAgreement, auto_dropout_p,
+from minispec.lab.dropout_calibration import (EstimatedAgreement, MeasuredAgreement, auto_dropout_p,
                                                      bracket_p, calibrate_p)
 from minispec.errors import MinispecError
 from minispec.testing import model_configs, random_model, seeds

@@ -1,4 +1,4 @@
-"""--draft-length auto prices each draft length on this CPU (kernels/step_cost.py): c(g) = (t_pass(g + 1)
+"""--draft-length auto prices each draft length on this CPU (lab/step_cost.py): c(g) = (t_pass(g + 1)
 + g t_draft) / t_pass(1), measured once per machine and question and kept on disk, so the same seed
 drafts the same lengths run after run."""
 
@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from minispec.chain.draft_length import Priced
+from minispec.lab.draft_length import Priced
 from minispec.chain.drafters import make_drafter
-from minispec.kernels import probe_cache, step_cost
+from minispec.kernels import probe_cache
+from minispec.lab import step_cost
 from minispec.testing import random_model, tiny_config
 
 
