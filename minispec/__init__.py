@@ -31,11 +31,10 @@ convert GGUF files), kernels/ (the same model made fast on CPU: kernels.apply(mo
 """
 
 from importlib import import_module
-from types import ModuleType
-import sys
 
 # The names below load on first use (PEP 562), so that `import minispec.errors` or the CLI's first
-# lines do not wait for torch.
+# lines do not wait for torch. The front door is minispec.decode.generate; minispec.generate is the
+# command line's package (`python -m minispec.generate`).
 _LAZY = {"load_model": "minispec.checkpoints.load", "load_tokenizer": "minispec.checkpoints.tokenizer",
          "ensure_default_checkpoint": "minispec.checkpoints.fetch", "ModelConfig": "minispec.model.config",
          "Transformer": "minispec.model.transformer", "KVCache": "minispec.model.kv_cache",
@@ -50,30 +49,13 @@ def __getattr__(name: str):
         value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name == "generate":  # a submodule not imported yet: say where the function is
+        raise AttributeError("module 'minispec' has no attribute 'generate': the front door is "
+                             "minispec.decode.generate; minispec.generate is the command line's package")
     raise AttributeError(f"module 'minispec' has no attribute {name!r}")
 
 
-class _Package(ModuleType):
-    """`minispec.generate` is the front door (minispec.decode.generate), loaded on first use.
-
-    The command line is the package minispec.generate (`python -m minispec.generate`); importing it
-    makes Python bind the package to the name `generate` here. The setter keeps the name the function,
-    so `minispec.generate(...)` decodes whichever was imported first.
-    """
-
-    @property
-    def generate(self):
-        return import_module("minispec.decode").generate
-
-    @generate.setter
-    def generate(self, value):
-        if not (isinstance(value, ModuleType) and value.__name__ == "minispec.generate"):
-            raise AttributeError("minispec.generate is the front door and cannot be rebound")
-
-
-sys.modules[__name__].__class__ = _Package
-
-__all__ = ["generate", "load_model", "load_tokenizer", "ensure_default_checkpoint", "make_drafter", "ModelConfig",
+__all__ = ["load_model", "load_tokenizer", "ensure_default_checkpoint", "make_drafter", "ModelConfig",
            "Transformer", "KVCache", "RaggedKVCache", "generate_chain", "generate_tree", "generate_batch",
            "MinispecError"]
 __version__ = "0.1.0"

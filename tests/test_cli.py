@@ -51,14 +51,14 @@ def test_tree_flags_give_plain_greedy_text_and_a_tree_stats_line(real_ckpt, caps
 
 
 def test_dropout_p_auto_reports_the_calibrated_p_in_json_and_stats(real_ckpt, capsys):
-    """--dropout-p auto picks p by measured head agreement on the prompt's own greedy continuation:
-    the same p as calling the calibration directly, reported in --json and --stats; a fixed p is
-    reported as given. A higher --agreement asks for a smaller p."""
+    """--policy dropmatch:p=auto:LEVEL picks p by measured head agreement on the prompt's own greedy
+    continuation: the same p as calling the calibration directly, reported in --json and --stats; a
+    fixed p is reported as given. A higher level asks for a smaller p."""
     import minispec
     from minispec.lab.dropout_calibration import auto_dropout_p
 
-    common = ("--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "6", "--draft", "ngram", "--policy", "dropmatch")
-    code, out, _ = run_cli(capsys, *common, "--json", "--dropout-p", "auto", "--agreement", "0.5")
+    common = ("--ckpt", str(real_ckpt), "--chat", "--max-new-tokens", "6", "--draft", "ngram")
+    code, out, _ = run_cli(capsys, *common, "--json", "--policy", "dropmatch:p=auto:0.5")
     assert code == 0
     chosen = json.loads(out)["stats"]["dropout_p"]
     model, tokenizer = minispec.load_model(real_ckpt), minispec.load_tokenizer(real_ckpt)
@@ -69,7 +69,7 @@ def test_dropout_p_auto_reports_the_calibrated_p_in_json_and_stats(real_ckpt, ca
     assert chosen == auto_dropout_p(model, prompt, paths=5, level=0.5, continuation=text)
     assert 0 < chosen < 0.9
     assert auto_dropout_p(model, prompt, paths=5, level=0.95, continuation=text) <= chosen
-    code, _, err = run_cli(capsys, *common, "--stats", "--dropout-p", "0.125")
+    code, _, err = run_cli(capsys, *common, "--stats", "--policy", "dropmatch:p=0.125")
     assert code == 0 and "dropmatch p 0.125:" in err
 
 
@@ -120,7 +120,6 @@ def test_help_shows_the_defaults_and_the_equivalent_flags_elsewhere(capsys):
         (["--top-p", "0"], "--top-p = 0; expected 0 < top-p <= 1"),
         (["--top-k", "0"], "--top-k = 0; expected 1 <= top-k"),
         (["--gamma", "0"], "--gamma = 0; expected 1 <= gamma"),
-        (["--dropout-p", "1"], "--dropout-p = 1; expected 0 <= dropout-p < 1"),
         (["--max-new-tokens", "x"], "--max-new-tokens = 'x'; expected an integer"),
         (["--dtype", "int4"], "argument --dtype: invalid choice"),
         (["--seed", "-1"], "--seed = -1; expected 0 <= seed < 18446744073709551616"),
@@ -182,10 +181,9 @@ def test_chat_template_is_used_by_default_and_raw_turns_it_off(real_ckpt, capsys
         (["--policy", "sampling"], "--policy: applies only to speculative decoding"),
         (["--trace"], "--trace: applies only to speculative decoding"),
         (["--draft-length", "heuristic"], "--draft-length: applies only to speculative decoding"),
-        (["--draft", "ngram", "--paths", "3"], "--paths: a DropMatch setting; expected --policy dropmatch"),
-        (["--draft", "ngram", "--dropout-p", "auto"], "--dropout-p: a DropMatch setting"),
-        (["--draft", "ngram", "--policy", "dropmatch", "--agreement", "0.5"],
-         "--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto"),
+        (["--draft", "ngram", "--policy", "typical:p=auto"], "--policy typical: unknown option 'p'"),
+        (["--draft", "ngram", "--policy", "dropmatch:p=auto:0"], "p = 'auto:0'; expected a number in [0, 1), auto"),
+        (["--draft", "ngram", "--policy", "dropmatch:p=1"], "--policy dropmatch: dropmatch p = 1.0; expected 0 <= p < 1"),
         (["--top-k", "5"], "--top-k: applies only when sampling; expected --temperature > 0"),
         (["--top-p", "0.9", "--temperature", "0"], "--top-p: applies only when sampling"),
         (["--json", "--show"], "--show: --json prints one JSON object"),

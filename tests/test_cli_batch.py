@@ -65,7 +65,7 @@ def test_each_prompt_is_what_the_single_prompt_cli_gives(tiny, prompt_file, caps
 
 def test_json_holds_one_result_per_prompt_and_the_pooled_stats(tiny, prompt_file, capsys):
     code, out, _ = run_cli(capsys, *common(tiny, "--prompt-file", str(prompt_file), "--batch-size", "2", "--json",
-                                            "--draft", "ngram", "--policy", "dropmatch", "--dropout-p", "0.1"))
+                                            "--draft", "ngram", "--policy", "dropmatch:p=0.1"))
     assert code == 0
     result = json.loads(out)
     assert set(result) == {"results", "stats"} and len(result["results"]) == 3

@@ -250,8 +250,6 @@ def test_dropmatch_decides_as_its_definition(cls, case):
         else:
             masks = None
         inp = build_input(weight, hidden, draft_logits, draft_seed, verify_seed, params)
-        rows = policy.extra_head_rows(hidden)  # as the loop does: the prefetched rows' logits ride along
-        inp.extra_logits = None if rows is None else rows @ weight.T
         decision = policy(inp)
 
         draft_tokens = inp.draft_tokens.tolist()

@@ -194,16 +194,18 @@ def test_readme_reading_guide_is_the_package_docstring():
         assert list(PACKAGE.rglob(name.rstrip("/"))), f"the reading guide names {name}, which is not in the package"
 
 
-def test_minispec_generate_is_the_front_door_whatever_was_imported_first():
-    """One `generate` a user imports: minispec.generate is minispec.decode.generate, also after the
-    command line's package (also named minispec.generate) was imported, and it cannot be rebound."""
+def test_minispec_generate_is_the_command_line_and_the_front_door_is_minispec_decode_generate():
+    """Each name means one thing whatever was imported first: minispec.generate is the command line's
+    package (`python -m minispec.generate`), minispec.decode.generate the function that decodes."""
     import subprocess
     import sys
 
-    code = ("import minispec.generate.flags, minispec, minispec.decode; from minispec import generate; "
-            "assert minispec.generate is minispec.decode.generate is generate; "
-            "import minispec.generate as cli; assert cli is minispec.decode.generate; "
-            "from minispec.generate import main; assert callable(main)\n"
-            "try:\n    minispec.generate = print\nexcept AttributeError: pass\nelse: raise SystemExit('rebound')")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
+    code = ("import types, minispec, minispec.decode, minispec.generate.flags\n"
+            "from minispec import generate as cli\n"
+            "from minispec.decode import generate\n"
+            "assert isinstance(cli, types.ModuleType) and cli.__name__ == 'minispec.generate' and callable(cli.main)\n"
+            "assert callable(generate) and generate.__module__ == 'minispec.decode'\n"
+            "assert type(minispec) is types.ModuleType")
+    for first in ("import minispec.generate", "import minispec.decode", "import minispec"):
+        proc = subprocess.run([sys.executable, "-c", f"{first}\n{code}"], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr

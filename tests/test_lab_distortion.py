@@ -58,15 +58,14 @@ def test_the_form_is_the_distribution_the_policy_emits(name, temperature):
     vocab, coins = 4, 800
     for case in range(2):
         policy = acceptance.get(name, **RULES[name])
-        inp = with_head(policy, one_draft_input(case, temperature, vocab), seed=case)
+        inp = with_head(one_draft_input(case, temperature, vocab), seed=case)
         form = form_of(policy, inp, 0, context(draws=4000, seed=case))
         for x in range(vocab):
             expected = form.accept[x] * torch.nn.functional.one_hot(torch.tensor(x), vocab) + \
                 (1 - form.accept[x]) * form.residual  # [V]
             counts = torch.zeros(vocab, dtype=F64)
             step = VerifyInput(torch.tensor([x]), inp.q_draft, inp.target_logits, inp.p_target, inp.params,
-                               torch.Generator(), inp.draft_logits, hidden=inp.hidden, head=inp.head,
-                               extra_logits=inp.extra_logits)
+                               torch.Generator(), inp.draft_logits, hidden=inp.hidden, head=inp.head)
             for coin in range(coins):
                 fresh = acceptance.get(name, **RULES[name])
                 fresh.reset(coin)
@@ -176,7 +175,7 @@ def test_the_meter_changes_no_token_and_measures_every_judged_position(name, opt
 
 
 def test_dropmatch_monte_carlo_error_shrinks_with_draws():
-    inp = with_head(acceptance.get("dropmatch", p=0.5, paths=3), one_draft_input(0, 1.0, vocab=6), seed=0)
+    inp = with_head(one_draft_input(0, 1.0, vocab=6), seed=0)
     policy = acceptance.get("dropmatch", p=0.5, paths=3)
     few = position_distortion(policy, inp, 0, context(draws=16))
     many = position_distortion(policy, inp, 0, context(draws=1024))

@@ -40,7 +40,6 @@ def _good_input() -> VerifyInput:
     ("q_draft", torch.zeros(3, 4, dtype=F64), "q_draft"),
     ("draft_logits", torch.zeros(2, 3, dtype=F64), "draft_logits"),
     ("hidden", torch.zeros(2, 5, dtype=F64), "hidden"),  # gamma rows, not gamma+1
-    ("extra_logits", torch.zeros(3, 5, dtype=F64), "extra_logits"),  # another vocabulary
 ])
 def test_check_input_rejects_wrong_shapes_and_ids(field, bad, expected_name):
     inp = _good_input()
@@ -101,30 +100,29 @@ def test_bad_policy_options_are_one_line_errors_naming_the_parameter(build, name
 
 
 class HeadRowsPolicy(ExactMatch):
-    """A user policy using both optional hooks of the interface: it asks for rows of its own in the
-    verify's head call (each verify row doubled) and refuses verifies wider than `max_rows`."""
+    """A user policy using the interface's two extras: it scores rows of its own with `inp.head` (each
+    verify row doubled) and refuses, in `reset`, a run whose steps may draft more than `max_gamma`."""
 
     name = "test-head-rows"
-    seen: list = []  # (extra_logits, head(2 * hidden)) per decision, from any copy (a batch copies per row)
+    seen: list = []  # (head(hidden), target_logits, head(2 * hidden)) per decision
 
-    def __init__(self, max_rows: int = 64):
-        self.max_rows = max_rows
+    def __init__(self, max_gamma: int = 64):
+        self.max_gamma = max_gamma
         HeadRowsPolicy.seen = []
 
-    def check_sizes(self, rows, vocab_size, hidden_size, device):
-        if rows > self.max_rows:
-            raise MinispecError(f"test-head-rows max_rows={self.max_rows}: a verify of {rows} rows")
-
-    def extra_head_rows(self, hidden):
-        return 2 * hidden  # [gamma+1, d]
+    def reset(self, seed=None, gamma=None):
+        if gamma is not None and gamma > self.max_gamma:
+            raise MinispecError(f"test-head-rows max_gamma={self.max_gamma}: a run of gamma {gamma}")
 
     def decide(self, inp):
-        self.seen.append((inp.extra_logits, inp.head(2 * inp.hidden)))
+        self.seen.append((inp.head(inp.hidden), inp.target_logits, inp.head(2 * inp.hidden)))
         return super().decide(inp)
 
 
 @pytest.mark.parametrize("loop", ["chain", "batch"])
-def test_a_user_policy_gets_its_extra_head_rows_scored_in_the_verify(loop):
+def test_a_user_policy_scores_rows_of_its_own_with_the_targets_head(loop):
+    """inp.head is the target's LM head and inp.hidden its input: head(hidden) is the verify's own
+    logits, and the head takes any rows (here 2 * hidden, checked against the weight directly)."""
     from minispec.batch.speculative import generate_batch
     from minispec.chain.speculative import generate_chain
     from minispec.testing import random_model, tiny_config
@@ -137,14 +135,15 @@ def test_a_user_policy_gets_its_extra_head_rows_scored_in_the_verify(loop):
     else:
         tokens = generate_batch(target, [[1, 2, 3]], max_new_tokens=12, draft=draft, policy=policy, gamma=3)[0].tokens
         plain = generate_batch(target, [[1, 2, 3]], max_new_tokens=12)[0].tokens
-    assert tokens == plain  # the extra rows do not disturb the verify's own logits
+    assert tokens == plain
     assert HeadRowsPolicy.seen
-    for extra, direct in HeadRowsPolicy.seen:
-        torch.testing.assert_close(extra, direct, rtol=1e-5, atol=1e-5)  # one head call vs a second: float32 rounding
+    for clean, target_logits, doubled in HeadRowsPolicy.seen:
+        torch.testing.assert_close(clean, target_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(doubled, 2 * clean, rtol=1e-4, atol=1e-4)  # the head is linear, float32 rounding
 
 
 @pytest.mark.parametrize("loop", ["chain", "tree", "batch"])
-def test_a_user_policy_refuses_a_size_before_the_first_step(loop):
+def test_a_user_policy_refuses_a_run_before_the_first_step(loop):
     from minispec.batch.speculative import generate_batch
     from minispec.chain.speculative import generate_chain
     from minispec.testing import random_model, tiny_config
@@ -154,11 +153,11 @@ def test_a_user_policy_refuses_a_size_before_the_first_step(loop):
 
     register_walk(HeadRowsPolicy)(walk_for(ExactMatch()))  # its tree form is exact match's
     target, draft = random_model(tiny_config(), 0), random_model(tiny_config(), 1)
-    policy = HeadRowsPolicy(max_rows=3)
+    policy = HeadRowsPolicy(max_gamma=3)
     run = {"chain": lambda: generate_chain(target, [1, 2], max_new_tokens=8, draft=draft, policy=policy, gamma=5),
-           "tree": lambda: generate_tree(target, [1, 2], max_new_tokens=8, draft=draft, policy=policy, tree=6),
+           "tree": lambda: generate_tree(target, [1, 2], max_new_tokens=8, draft=draft, policy=policy, tree=6, gamma=5),
            "batch": lambda: generate_batch(target, [[1, 2]], max_new_tokens=8, draft=draft, policy=policy, gamma=5)}
-    with pytest.raises(MinispecError, match=r"^test-head-rows max_rows=3: a verify of \d+ rows$"):
+    with pytest.raises(MinispecError, match=r"^test-head-rows max_gamma=3: a run of gamma 5$"):
         run[loop]()
     assert HeadRowsPolicy.seen == []
 

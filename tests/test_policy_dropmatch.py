@@ -75,27 +75,17 @@ class Step:
     seed: int
 
 
-def loop_input(policy, step: Step, head, params: SamplingParams, hook: str = "loop") -> VerifyInput:
-    """The VerifyInput minispec.chain.speculative builds: the verify rows and the policy's
-    extra_head_rows in ONE head call, their logits as extra_logits.
-
-    hook: "loop" as the loop does; "none": decide without the hook; "clone": decide gets a copy
-    of the hidden states the hook saw; "twice": first a hook call for a step never decided.
-    """
-    hidden, num_rows = step.hidden, step.hidden.shape[0]
-    if hook == "twice":
-        policy.extra_head_rows(hidden + 1)
-    rows = None if hook == "none" else policy.extra_head_rows(hidden)  # [n, d] or None
-    logits = head(hidden if rows is None else torch.cat([hidden, rows]))  # [gamma+1 (+n), V]
-    target_logits = logits[:num_rows]
+def loop_input(step: Step, head, params: SamplingParams) -> VerifyInput:
+    """The VerifyInput minispec.chain.speculative builds: the verify rows through the head, the
+    head's input and the head itself."""
+    hidden = step.hidden
+    target_logits = head(hidden)  # [gamma+1, V]
     if step.draft_logits is None:
-        q_draft = torch.nn.functional.one_hot(step.draft_tokens, logits.shape[1]).to(logits.dtype)  # [gamma, V]
+        q_draft = torch.nn.functional.one_hot(step.draft_tokens, target_logits.shape[1]).to(target_logits.dtype)
     else:
         q_draft = logits_to_probs(step.draft_logits, params)  # [gamma, V]
     return VerifyInput(step.draft_tokens, q_draft, target_logits, logits_to_probs(target_logits, params), params,
-                       torch.Generator().manual_seed(step.seed), step.draft_logits,
-                       hidden=hidden.clone() if hook == "clone" else hidden, head=head,
-                       extra_logits=None if rows is None else logits[num_rows:])
+                       torch.Generator().manual_seed(step.seed), step.draft_logits, hidden=hidden, head=head)
 
 
 def table_input(draft, target_logits, path_logits, params=GREEDY, **kwargs) -> VerifyInput:
@@ -236,7 +226,7 @@ def test_missing_hidden_or_head_is_an_input_error_naming_the_fields(cls):
     (lambda: DropMatch(p=1.0), "p"), (lambda: DropMatch(p=-0.1), "p"), (lambda: DropMatch(paths=0), "paths"),
     (lambda: DropMatch(paths=True), "paths"), (lambda: DropMatch(criterion="any"), "criterion"),
     (lambda: DropMatch(majority="most"), "majority"), (lambda: DropMatch(js_temperature=0.0), "js_temperature"),
-    (lambda: LazyDropMatch(prefetch=-1), "prefetch"), (lambda: LazyDropMatch(paths=2.5), "paths"),
+    (lambda: LazyDropMatch(paths=2.5), "paths"),
 ])
 def test_bad_options_are_one_line_errors_naming_the_parameter(build, name):
     with pytest.raises(MinispecError) as err:
@@ -253,7 +243,7 @@ def test_dropmatch_scores_all_paths_in_one_head_call_with_inverted_dropout_rows(
     hidden = torch.randn(3, hidden_size, generator=gen, dtype=F64) + 3  # [gamma+1 = 3, d], no zeros
     head = linear_head(torch.randn(vocab, hidden_size, generator=gen, dtype=F64))
     policy = DropMatch(p=p, paths=num_paths)
-    policy(loop_input(policy, Step(hidden, torch.tensor([0, 1]), None, 0), head, GREEDY))
+    policy(loop_input(Step(hidden, torch.tensor([0, 1]), None, 0), head, GREEDY))
     assert len(head.calls) == 2  # the verify's own call, then ONE call for every path of every position
     ratio = head.calls[1].view(num_paths, 3, hidden_size) / hidden  # [K, gamma+1, d]: 0 (dropped) or 1/(1-p)
     dropped = ratio == 0
@@ -271,14 +261,14 @@ def test_masks_are_fresh_per_path_position_and_step_and_reset_reseeds(cls):
 
     def masks(policy) -> torch.Tensor:
         """One step's masks [K, positions, d], read off the path rows the policy scored: DropMatch's
-        path call (all gamma+1 positions), or the lazy class's prefetched rows (both drafted ones)."""
+        path call (all gamma+1 positions), or the lazy class's first (position 0: without or_base
+        every verdict needs its paths)."""
         head = linear_head(weight)
-        policy(loop_input(policy, step, head, GREEDY))
-        rows = head.calls[0][3:] if isinstance(policy, LazyDropMatch) else head.calls[1]  # [K * positions, d]
-        return (rows != 0).view(num_paths, -1, hidden_size)
+        policy(loop_input(step, head, GREEDY))
+        return (head.calls[1] != 0).view(num_paths, -1, hidden_size)  # [K, positions, d]
 
     def build(seed: int):
-        return cls(paths=num_paths, seed=seed, prefetch=2) if cls is LazyDropMatch else cls(paths=num_paths, seed=seed)
+        return cls(paths=num_paths, seed=seed, or_base=cls is not LazyDropMatch)
 
     policy = build(7)
     step1, step2 = masks(policy), masks(policy)
@@ -303,13 +293,13 @@ def test_without_a_seed_of_its_own_the_masks_follow_the_runs_seed(cls, seeds):
     hidden = torch.ones(3, hidden_size, dtype=F64)
     weight = torch.randn(9, hidden_size, generator=torch.Generator().manual_seed(1), dtype=F64)
     step = Step(hidden, torch.tensor([0, 0]), None, 0)
-    policy = cls(paths=num_paths, prefetch=2) if cls is LazyDropMatch else cls(paths=num_paths)
+    policy = cls(paths=num_paths, or_base=False)  # every verdict needs the paths: the lazy class scores position 0
 
     def masks_after_reset(seed) -> torch.Tensor:
         policy.reset(seed)
         head = linear_head(weight)
-        policy(loop_input(policy, step, head, GREEDY))
-        return head.calls[0][3:] if isinstance(policy, LazyDropMatch) else head.calls[1]
+        policy(loop_input(step, head, GREEDY))
+        return head.calls[1]
 
     first = masks_after_reset(seeds[0])
     assert not torch.equal(masks_after_reset(seeds[1]), first)
@@ -320,19 +310,21 @@ def test_without_a_seed_of_its_own_the_masks_follow_the_runs_seed(cls, seeds):
        hidden=st.integers(1, 8192))
 def test_the_size_check_refuses_whenever_the_path_logits_alone_do_not_fit(cls, paths, rows, vocab, hidden):
     """K paths x rows of float32 logits (K x rows x V x 4 bytes) are allocated at every verify step;
-    with less memory free than that, check_sizes refuses in one line naming the paths; with ten
-    times what the policy holds at once (masks, dropped rows, logits, softmax), it passes."""
+    with less memory free than that, drawing the step's masks refuses in one line naming the paths,
+    before anything is drawn (the mask stream is where it was); with ten times what the policy holds
+    at once (masks, dropped rows, logits, softmax), it draws."""
     from minispec.model import memory
 
-    policy = cls(paths=paths)
+    policy, fresh = cls(paths=paths, seed=1), cls(paths=paths, seed=1)
     logits_bytes = 4 * paths * rows * vocab
     held = 4 * paths * rows * (2 * hidden + 2 * vocab)
     with mock.patch.object(memory, "available_bytes", lambda device="cpu": logits_bytes - 1):
         with pytest.raises(MinispecError) as err:
-            policy.check_sizes(rows, vocab, hidden, torch.device("cpu"))
+            policy.draw_masks(torch.ones(rows, hidden), vocab)
     assert f"paths={paths}" in str(err.value) and "\n" not in str(err.value)
     with mock.patch.object(memory, "available_bytes", lambda device="cpu": 10 * held):
-        policy.check_sizes(rows, vocab, hidden, torch.device("cpu"))
+        masks = policy.draw_masks(torch.ones(rows, hidden), vocab)
+    assert masks.shape == (paths, rows, hidden) and torch.equal(masks, fresh.draw_masks(torch.ones(rows, hidden), vocab))
 
 
 @pytest.mark.parametrize("cls", CLASSES)
@@ -349,7 +341,7 @@ def test_same_seed_same_decisions_at_temperature_one(cls):
     def run(seed: int) -> list:
         policy, head, outcomes = cls(seed=seed), linear_head(weight), []
         for step in steps:
-            decision = policy(loop_input(policy, step, head, params))
+            decision = policy(loop_input(step, head, params))
             outcomes.append((decided(decision), decision.info))
         return outcomes
 
@@ -366,7 +358,7 @@ CRITERIA = ["js_or_majority", "js", "majority", "naive"]
 
 @st.composite
 def dropmatch_runs(draw, criterion=None, or_base=None, params=None):
-    """DropMatch options, a prefetch and a hook mode (for the lazy class), and 1-3 consecutive verify
+    """DropMatch options and 1-3 consecutive verify
     steps through one random linear head. Integer hidden states and weights half the time (exact
     logit ties, so the lowest-id rule matters). Drafts are consistent with their q: an n-gram draft
     (one-hot, the target's argmax 60% of the time) or a model draft (the target's logits plus noise
@@ -401,8 +393,7 @@ def dropmatch_runs(draw, criterion=None, or_base=None, params=None):
                    majority=draw(st.sampled_from(["strict", "plurality"])),
                    or_base=draw(st.booleans()) if or_base is None else or_base,
                    seed=draw(st.integers(0, 100)), js_temperature=draw(st.sampled_from([1.0, 0.5])))
-    prefetch, hook = draw(st.integers(0, 2)), draw(st.sampled_from(["loop", "none", "clone", "twice"]))
-    return options, steps, weight, params, prefetch, hook
+    return options, steps, weight, params
 
 
 @given(run=dropmatch_runs())
@@ -411,13 +402,13 @@ def test_lazy_dropmatch_decides_exactly_as_dropmatch(run):
 
 
 def assert_lazy_decides_as_eager(run):
-    options, steps, weight, params, prefetch, hook = run
-    plain, lazy = DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)
+    options, steps, weight, params = run
+    plain, lazy = DropMatch(**options), LazyDropMatch(**options)
     head = linear_head(weight)
     for step in steps:  # consecutive steps: both mask generators advance
-        want = plain(loop_input(plain, step, head, params))
+        want = plain(loop_input(step, head, params))
         head.new_rows = 0
-        got = lazy(loop_input(lazy, step, head, params, hook))
+        got = lazy(loop_input(step, head, params))
         assert head.new_rows == 0, "LazyDropMatch scored a row DropMatch did not: not the same masks"
         assert outcome(got) == outcome(want)
 
@@ -439,13 +430,13 @@ def test_lazy_dropmatch_decides_exactly_as_dropmatch_in_every_cell(criterion, or
 
 @given(run=dropmatch_runs())
 def test_lazy_dropmatch_computes_paths_only_where_a_verdict_is_needed(run):
-    options, steps, weight, params, prefetch, _ = run
-    plain, lazy = DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)
+    options, steps, weight, params = run
+    plain, lazy = DropMatch(**options), LazyDropMatch(**options)
     num_paths, p = options["paths"], options["p"]
     for step in steps:
         plain_head, lazy_head = linear_head(weight), linear_head(weight)
-        plain(loop_input(plain, step, plain_head, params))
-        inp = loop_input(lazy, step, lazy_head, params)
+        plain(loop_input(step, plain_head, params))
+        inp = loop_input(step, lazy_head, params)
         decision = lazy(inp)
         # Needed: up to the first rejection, the positions the base does not accept (with or_base),
         # or all of them (without). The base's coins are the verify generator's first draws.
@@ -461,28 +452,25 @@ def test_lazy_dropmatch_computes_paths_only_where_a_verdict_is_needed(run):
         if p == 0:  # every path is the clean head: no rows beyond the verify's
             assert [len(c) for c in lazy_head.calls] == [gamma + 1] and decision.info["path_head_calls"] == 0
             continue
-        n = min(prefetch, gamma)  # prefetched positions ride in the verify's call
         plain_rows = plain_head.calls[1].view(num_paths, gamma + 1, -1)  # [K, gamma+1, d]: the step's path rows
-        prefetched_rows = plain_rows[:, :n].reshape(num_paths * n, step.hidden.shape[1])  # [K*n, d], path-major
-        assert torch.equal(lazy_head.calls[0], torch.cat([step.hidden, prefetched_rows]))
-        computed = [i for i in needed if i >= n]
-        assert decision.info["path_head_calls"] == len(computed) == len(lazy_head.calls) - 1
-        for call, i in zip(lazy_head.calls[1:], computed):  # one call of K rows per position, in order
+        assert torch.equal(lazy_head.calls[0], step.hidden)  # the verify's own call, nothing added to it
+        assert decision.info["path_head_calls"] == len(needed) == len(lazy_head.calls) - 1
+        for call, i in zip(lazy_head.calls[1:], needed):  # one call of K rows per position, in order
             assert torch.equal(call, plain_rows[:, i])
 
 
 @given(run=dropmatch_runs())
 def test_p0_at_temperature_zero_equals_exact(run):
-    options, steps, weight, _, prefetch, _ = run
+    options, steps, weight, _ = run
     if options["criterion"] == "js" and not options["or_base"]:
         options["criterion"] = "js_or_majority"  # the one exception, pinned in its own test above
     options["p"] = 0.0
     steps = [Step(s.hidden, s.draft_tokens if s.draft_logits is None else s.draft_logits.argmax(-1), s.draft_logits,
                   s.seed) for s in steps]  # a model drafter's tokens at T = 0: its argmax
-    for policy in (DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)):
+    for policy in (DropMatch(**options), LazyDropMatch(**options)):
         for step in steps:
             head = linear_head(weight)
-            inp = loop_input(policy, step, head, GREEDY)
+            inp = loop_input(step, head, GREEDY)
             decision = policy(inp)
             assert len(head.calls) == 1  # p = 0 scores no path rows: every path is the clean head
             assert decided(decision) == decided(ExactMatch()(inp))
@@ -495,13 +483,13 @@ def test_p0_at_temperature_zero_equals_exact(run):
 
 @given(run=dropmatch_runs(), p=st.sampled_from([0.1, 0.3, 0.6]))
 def test_naive_accepts_at_least_what_majority_accepts(run, p):
-    options, steps, weight, params, _, _ = run
+    options, steps, weight, params = run
     options.update(p=p, or_base=False)
     del options["criterion"]
     step = steps[0]
     head = linear_head(weight)
     naive = DropMatch(criterion="naive", **options)
-    num_naive = naive(loop_input(naive, step, head, params)).num_accepted
+    num_naive = naive(loop_input(step, head, params)).num_accepted
     gamma, num_paths = step.draft_tokens.shape[0], options["paths"]
     path_logits = head(head.calls[1]).view(num_paths, gamma + 1, -1)  # [K, gamma+1, V]: the paths naive saw
     head_tokens = path_logits[:, :gamma].argmax(-1)  # [K, gamma]
@@ -512,19 +500,19 @@ def test_naive_accepts_at_least_what_majority_accepts(run, p):
     assert bool((plurality_votes <= naive_votes).all())
     for cls in CLASSES:  # same seed: the same masks
         majority = cls(criterion="majority", **options)
-        assert num_naive >= majority(loop_input(majority, step, head, params)).num_accepted
+        assert num_naive >= majority(loop_input(step, head, params)).num_accepted
 
 
 @given(run=dropmatch_runs())
 def test_or_base_never_accepts_less_than_its_base(run):
-    options, steps, weight, params, prefetch, _ = run
+    options, steps, weight, params = run
     options.update(or_base=True)
     base = ExactMatch() if params.greedy else SpeculativeSampling()
-    for policy in (DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)):
+    for policy in (DropMatch(**options), LazyDropMatch(**options)):
         head = linear_head(weight)
         for step in steps:
-            decision = policy(loop_input(policy, step, head, params))
-            base_decision = base(loop_input(base, step, head, params))  # same logits, a fresh verify generator
+            decision = policy(loop_input(step, head, params))
+            base_decision = base(loop_input(step, head, params))  # same logits, a fresh verify generator
             assert decision.num_accepted >= base_decision.num_accepted
             if decision.num_accepted > base_decision.num_accepted:  # at least the base's first rejection is DropMatch's
                 assert decision.info["accepted_by_dropmatch_only"] >= 1
@@ -661,21 +649,20 @@ def real_steps(real_model, real_tokenizer) -> list[Step]:
     return steps
 
 
-@pytest.mark.parametrize("params, options, prefetch", [
-    (GREEDY, dict(criterion="js_or_majority", majority="strict", or_base=False), 1),
-    (SamplingParams(temperature=1.0), dict(criterion="js", or_base=False), 2),
-    (GREEDY, dict(criterion="majority", majority="plurality", or_base=True), 0),
+@pytest.mark.parametrize("params, options", [
+    (GREEDY, dict(criterion="js_or_majority", majority="strict", or_base=False)),
+    (SamplingParams(temperature=1.0), dict(criterion="js", or_base=False)),
+    (GREEDY, dict(criterion="majority", majority="plurality", or_base=True)),
 ])
-def test_lazy_dropmatch_decides_exactly_as_dropmatch_on_the_real_checkpoint(real_model, real_steps, params, options,
-                                                                             prefetch):
-    plain, lazy = DropMatch(**options), LazyDropMatch(prefetch=prefetch, **options)
+def test_lazy_dropmatch_decides_exactly_as_dropmatch_on_the_real_checkpoint(real_model, real_steps, params, options):
+    plain, lazy = DropMatch(**options), LazyDropMatch(**options)
     head = SharedHead(real_model.head)  # the real LM head, each row scored once (module docstring)
     outcomes = []
     with torch.no_grad():
         for step in real_steps:
-            want = plain(loop_input(plain, step, head, params))
+            want = plain(loop_input(step, head, params))
             head.new_rows = 0
-            got = lazy(loop_input(lazy, step, head, params))
+            got = lazy(loop_input(step, head, params))
             assert head.new_rows == 0, "LazyDropMatch scored a row DropMatch did not: not the same masks"
             assert outcome(got) == outcome(want)
             outcomes.append(outcome(want))

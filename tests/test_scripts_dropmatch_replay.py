@@ -54,7 +54,7 @@ def test_replay_decides_as_the_loop_on_the_same_inputs(cfg, seed, gamma, p, path
     for step in steps:
         inp, g = step.inp, step.inp.gamma
         if g == 0:  # an n-gram miss: the loop's policy still drew this step's masks
-            replaying.draw_masks(inp.hidden)
+            replaying.draw_masks(inp.hidden, inp.target_logits.shape[-1])
             continue
         rec = dropmatch_replay.Recording([], 0, inp.hidden[:g], {})
         verdicts = dropmatch_replay.replay(replaying, rec, inp.head, inp.draft_tokens, inp.draft_logits, inp.params,

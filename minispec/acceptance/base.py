@@ -19,9 +19,8 @@ top-k and top-p are applied identically to both before any policy sees them. A d
 probabilities (n-gram lookup) gives a one-hot q_draft.
 
 A policy that re-runs the LM head (DropMatch, on dropped-out copies of its input) finds the
-head's input `hidden` [gamma+1, d] and the `head` itself in the VerifyInput. To have extra rows
-scored in the verify's own head call (one weight read instead of two), it returns them from
-`extra_head_rows`; their logits arrive as `extra_logits`.
+head's input `hidden` [gamma+1, d] and the `head` itself in the VerifyInput, and calls the head
+itself for whatever rows it needs.
 
 To plug in your own policy: subclass AcceptancePolicy, implement `decide`, and decorate it with
 `@register("my-name")`; `minispec.acceptance.get("my-name", **kwargs)` then builds it, and the
@@ -58,7 +57,6 @@ class VerifyInput:
     # For policies that re-run the LM head on perturbed inputs (DropMatch); the loop always fills them.
     hidden: torch.Tensor | None = None  # [gamma+1, d] the LM-head input (after the final norm)
     head: Callable[[torch.Tensor], torch.Tensor] | None = None  # the target's LM head: [..., d] -> [..., V]
-    extra_logits: torch.Tensor | None = None  # [n, V] head(rows) for the rows `extra_head_rows` asked for
 
     @property
     def gamma(self) -> int:
@@ -78,29 +76,15 @@ class AcceptancePolicy(ABC):
     name: ClassVar[str] = "?"
     lossless: ClassVar[bool] = False  # True if the output distribution provably equals p_target's
 
-    def reset(self, seed: int | None = None) -> None:
-        """Called at the start of every generation with the run's seed (None outside a run).
+    def reset(self, seed: int | None = None, gamma: int | None = None) -> None:
+        """Called at the start of every generation with the run's seed and the most drafts a step
+        of it can hold (both None outside a run).
 
         A policy with randomness of its own (DropMatch's masks) reseeds its generator here, from
-        the seed, so that `generate(seed=s)` fixes every draw of the run. The verify generator,
-        inp.generator, is the loop's and is seeded by the loop.
+        the seed, so that `generate(seed=s)` fixes every draw of the run; a policy that cannot
+        honour a run's gamma (FLy's window must fit inside the draft) refuses it here, in one
+        line. The verify generator, inp.generator, is the loop's and is seeded by the loop.
         """
-
-    def check_sizes(self, rows: int, vocab_size: int, hidden_size: int, device: torch.device) -> None:
-        """Called by the loops before the first step, with the rows of one verify: a policy whose
-        work grows with its own options (DropMatch's K paths) checks here that it fits the
-        machine (minispec.model.memory.check_fits), so a size the user gives fails at once, in one line
-        naming the option. The default has nothing to check."""
-
-    def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """Rows [n, d] to push through the LM head together with the verify's own rows, or None.
-
-        hidden [gamma+1, d] is the verify pass's LM-head input. The loop scores
-        cat([hidden, rows]) in ONE head call, so the head's weight is read once, and hands the
-        extra rows' logits [n, V] to `decide` as `inp.extra_logits`. The default asks for none;
-        a policy that can always call `inp.head` itself needs this only to save a weight read.
-        """
-        return None
 
     def __call__(self, inp: VerifyInput) -> Decision:
         check_input(inp)
@@ -142,8 +126,6 @@ def check_input(inp: VerifyInput) -> None:
             raise PolicyInputError(f"{name}: shape {list(got)}; expected {list(shape)} (gamma={gamma}, V={vocab})")
     if inp.hidden is not None and (inp.hidden.dim() != 2 or inp.hidden.shape[0] != gamma + 1):
         raise PolicyInputError(f"hidden: shape {list(inp.hidden.shape)}; expected [gamma+1={gamma + 1}, d]")
-    if inp.extra_logits is not None and (inp.extra_logits.dim() != 2 or inp.extra_logits.shape[1] != vocab):
-        raise PolicyInputError(f"extra_logits: shape {list(inp.extra_logits.shape)}; expected [n, V={vocab}]")
     if gamma and not (0 <= int(inp.draft_tokens.min()) and int(inp.draft_tokens.max()) < vocab):
         raise PolicyInputError(f"draft_tokens: ids outside [0, {vocab}): {inp.draft_tokens.tolist()}")
 

@@ -92,6 +92,15 @@ class FLy(AcceptancePolicy):
         self.entropy_threshold = entropy_threshold
         self.entropy_top_k = entropy_top_k
 
+    def reset(self, seed: int | None = None, gamma: int | None = None) -> None:
+        """A run whose steps hold at most `gamma` drafts: a window W >= 1 must fit inside one (i + W <
+        gamma for some i), else no rejection is ever deferred and FLy is its base rule: refused."""
+        if gamma is not None and 0 < self.window_size and self.window_size >= gamma:
+            raise MinispecError(f"fly window_size = {self.window_size}: FLy defers a rejection only when the "
+                                f"{self.window_size} drafts after it are in the same step, and a step of this run "
+                                f"drafts at most {gamma} (gamma, and 2 fewer than max_new_tokens); expected a window "
+                                f"below {max(gamma, 1)}")
+
     def decide(self, inp: VerifyInput) -> Decision:
         gamma = inp.gamma
         if inp.params.greedy:

@@ -46,11 +46,11 @@ from minispec.chain.draft_length import DraftLength
 from minispec.chain.drafters import Draft
 from minispec.errors import MinispecError
 from minispec.chain.loop import (GenerationResult, StopCondition, check_eos, check_prompt, check_seed, commit, finish_reason,
-                           record_step, refuse, verify_input)
+                           PhaseTimer, refuse, verify_input)
 from minispec.model.transformer import Transformer
 from minispec.batch.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
 from minispec.model.sampling import SamplingParams, next_token
-from minispec.chain.stats import PhaseTimer, StepStats, run_stats
+from minispec.chain.stats import PooledStats, run_stats
 
 # Called with each row's newly emitted tokens: on_tokens(prompt_index, tokens, num_accepted, num_proposed)
 # (the chain's TokenCallback with the prompt's index in front).
@@ -90,7 +90,8 @@ class _Row:
     generator: torch.Generator  # this row's draws and coins, and nobody else's
     policy: AcceptancePolicy | None = None  # this row's copy (its own mask generator, for DropMatch)
     draft_length: DraftLength | None = None  # this row's copy of the schedule
-    steps: StepStats | None = None
+    steps: list | None = None  # (drafted, accepted, committed, info) per step: minispec.chain.stats counts them
+    positions: int = 1  # the most a step of this row drafts
     tokens: list[int] = field(default_factory=list)
     reason: str | None = None
     seconds: float = 0.0  # from the batch's start to this row's last token
@@ -148,12 +149,11 @@ def generate_batch(
     if drafter is not None:
         gamma = check_gamma(gamma)
         policy = acceptance.get(policy)
-        policy.check_sizes(min(gamma, max_new_tokens) + 1, target.config.vocab_size, target.config.hidden_size,
-                           target.device)
+        policy.reset(gamma=max(0, min(gamma, max_new_tokens - 2)))  # refuses here what no row could run
         schedule = draft_lengths.get(draft_length, gamma)
 
     results: list[GenerationResult] = []
-    pooled = _Pooled(max(1, min(gamma, max_new_tokens - 1)) if drafter is not None else 1)
+    pooled = PooledStats(max(1, min(gamma, max_new_tokens - 1)) if drafter is not None else 1)
 
     def finished(row: _Row) -> None:
         """Row `row` is done: its result, then the caller's on_finish."""
@@ -169,10 +169,10 @@ def generate_batch(
         else:
             for row in rows:
                 row.policy = copy.deepcopy(policy)  # own state, own mask generator
-                row.policy.reset(seeds[row.index])
+                row.policy.reset(seeds[row.index], gamma=max(0, min(gamma, max_new_tokens - 2)))
                 row.draft_length = copy.deepcopy(schedule)
                 row.draft_length.reset()
-                row.steps = StepStats(max(1, min(gamma, max_new_tokens - 1)))
+                row.steps, row.positions = [], max(1, min(gamma, max_new_tokens - 1))
             speculative_decode_batch(target, drafter, rows, gamma, max_new_tokens, params, eos, on_tokens,
                                      stop_when, pooled, finished)
         results += [row.result for row in rows]
@@ -180,7 +180,7 @@ def generate_batch(
 
 
 def plain_decode_batch(target: Transformer, rows: list[_Row], max_new_tokens: int, params: SamplingParams,
-                       eos: set[int], on_tokens, stop_when, pooled: "_Pooled",
+                       eos: set[int], on_tokens, stop_when, pooled: "PooledStats",
                        finished: Callable[[_Row], None]) -> None:
     """Plain decoding of every row: one target pass of [R, 1] per step for the R rows still running."""
     cache = target.new_cache(len(rows), max(len(r.prompt) for r in rows) + max_new_tokens, cache_class=RaggedKVCache)
@@ -214,7 +214,7 @@ def next_tokens(rows: list[_Row], logits: torch.Tensor, params: SamplingParams, 
 
 def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: list[_Row], gamma: int,
                              max_new_tokens: int, params: SamplingParams, eos: set[int], on_tokens, stop_when,
-                             pooled: "_Pooled", finished: Callable[[_Row], None]) -> None:
+                             pooled: "PooledStats", finished: Callable[[_Row], None]) -> None:
     """The draft-then-verify loop over a batch (module docstring). Per row, at the top of every step:
 
         seq_r   = prompt_r + tokens_r         everything row r committed so far
@@ -254,13 +254,13 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
                                 for seq, d in zip(seqs, drafts)], device=target.device)  # [R, G+1]
             hidden = target.forward_hidden(ids, cache)  # [R, G+1, d]
             hidden_rows = [hidden[r, :len(d.tokens) + 1] for r, d in enumerate(drafts)]  # row r: [g_r+1, d]
-            scored = score_rows(target.head, [row.policy for row in running], hidden_rows)
+            logits_rows = target.head(torch.cat(hidden_rows)).split([h.shape[0] for h in hidden_rows])  # [g_r+1, V]
 
         # 3. Decide, row by row, with the row's own policy and generator.
         with timer("policy"):
             decisions = []
-            for row, draft, h, (target_logits, extra_logits) in zip(running, drafts, hidden_rows, scored):
-                inp = verify_input(draft, target_logits, h, extra_logits, target.head, params, row.generator)
+            for row, draft, h, target_logits in zip(running, drafts, hidden_rows, logits_rows):
+                inp = verify_input(draft, target_logits, h, target.head, params, row.generator)
                 decisions.append(row.policy(inp))
 
         # 4. Roll back each row to its own accepted prefix.
@@ -273,8 +273,8 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
             row.draft_length.update(g, n)
             emitted, row.reason = commit(row.tokens, draft.tokens[:n] + [decision.next_token], eos,
                                          max_new_tokens, stop_when)
-            record_step(row.steps, g, n, len(emitted), decision.info)
-            record_step(pooled.steps, g, n, len(emitted), decision.info)
+            row.steps.append((g, n, len(emitted), decision.info))
+            pooled.steps.append((g, n, len(emitted), decision.info))
             row.seconds = time.perf_counter() - t0
             if on_tokens is not None:
                 on_tokens(row.index, emitted, min(n, len(emitted)), g)
@@ -282,21 +282,7 @@ def speculative_decode_batch(target: Transformer, drafter: BatchDrafter, rows: l
         running = _drop_finished(running, cache, finished, drafter)
 
     pooled.add_seconds(time.perf_counter() - t0)
-    pooled.add_timer(timer, drafter)
-
-
-def score_rows(head: Callable[[torch.Tensor], torch.Tensor], policies: list[AcceptancePolicy],
-               hidden_rows: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """The LM head on every row's verify rows, hidden_rows[r] [g_r+1, d], and on the extra rows
-    each row's policy asks for (`extra_head_rows`), in ONE head call for the whole batch (the head's
-    weight is read once). Returns per row (target_logits [g_r+1, V], extra_logits [n_r, V] or None)."""
-    extras = [policy.extra_head_rows(h) for policy, h in zip(policies, hidden_rows)]  # each [n_r, d] or None
-    extras_asked = [e.to(hidden_rows[0].dtype) for e in extras if e is not None]
-    logits = head(torch.cat(hidden_rows + extras_asked))  # [sum_r (g_r+1) + sum_r n_r, V]
-    parts = logits.split([h.shape[0] for h in hidden_rows] + [e.shape[0] for e in extras_asked])
-    extra_parts = iter(parts[len(hidden_rows):])
-    return [(target_logits, None if extra is None else next(extra_parts))
-            for target_logits, extra in zip(parts[:len(hidden_rows)], extras)]
+    pooled.add_phases(timer.totals, drafter.forwards)
 
 
 def _drop_finished(running: list[_Row], cache, finished: Callable[[_Row], None],
@@ -314,62 +300,12 @@ def _drop_finished(running: list[_Row], cache, finished: Callable[[_Row], None],
     return [running[i] for i in keep]
 
 
-class _Pooled:
-    """The batch's own figures, over every group of a generate_batch call."""
-
-    def __init__(self, gamma: int) -> None:
-        self.steps = StepStats(gamma)  # every row's steps, pooled
-        self.prefill_seconds = self.last_prefill_seconds = self.seconds = 0.0
-        self.passes = self.row_passes = self.prefills = 0
-        self.phases = {"draft": 0.0, "verify": 0.0, "policy": 0.0}
-        self.draft_forwards = 0
-
-    def add_prefill(self, seconds: float) -> None:
-        self.prefill_seconds += seconds
-        self.last_prefill_seconds = seconds
-        self.prefills += 1
-
-    def add_pass(self, num_rows: int) -> None:
-        self.passes += 1
-        self.row_passes += num_rows
-
-    def add_seconds(self, seconds: float) -> None:
-        self.seconds += seconds
-
-    def add_timer(self, timer: PhaseTimer, drafter: BatchDrafter) -> None:
-        for phase, seconds in timer.totals.items():
-            self.phases[phase] += seconds
-        self.draft_forwards += drafter.forwards
-
-    def summary(self, batch_size: int, drafter: BatchDrafter | None, policy: AcceptancePolicy | None, gamma: int,
-                results: list[GenerationResult]) -> dict:
-        generated = sum(len(r.tokens) for r in results)
-        stats = {
-            "num_prompts": len(results),
-            "batch_size": batch_size,
-            "num_prompt_tokens": sum(r.stats["num_prompt_tokens"] for r in results),
-            "num_generated_tokens": generated,
-            "prefill_seconds": self.prefill_seconds,
-            "total_seconds": self.seconds,
-            # aggregate throughput: every row's tokens over the batch's wall time (prefill included)
-            "tokens_per_second": generated / self.seconds if self.seconds > 0 else float("inf"),
-            "target_forwards": self.prefills + self.passes,  # batched passes: a prefill per group, then one per step
-            "mean_rows_per_pass": self.row_passes / self.passes if self.passes else 0.0,
-        }
-        if drafter is None:
-            stats.update(tau=1.0)
-            return stats
-        stats.update(self.steps.summary())  # pooled over every row's steps: tau = committed / row-steps
-        stats.update(draft_forwards=self.draft_forwards, drafter=drafter.name, policy=policy.name, gamma=gamma,
-                     **{f"{phase}_seconds": seconds for phase, seconds in self.phases.items()})
-        return stats
-
-
 def _row_result(row: _Row, prefill_seconds: float, drafter, policy, gamma: int) -> GenerationResult:
     """Row r's GenerationResult: its own counts, timed from its batch's start to its last token."""
     named = {} if drafter is None else dict(drafter=drafter.name, policy=policy.name, gamma=gamma,
                                             draft_length=row.draft_length.name)
-    stats = run_stats(len(row.prompt), len(row.tokens), prefill_seconds, row.seconds, row.reason, row.steps, **named)
+    stats = run_stats(len(row.prompt), len(row.tokens), prefill_seconds, row.seconds, row.reason, row.steps,
+                      positions=row.positions, **named)
     return GenerationResult(tokens=row.tokens, stats=stats)
 
 

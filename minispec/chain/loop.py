@@ -8,7 +8,7 @@ each chapter imports them from here and never from another chapter:
     prefill:  tokens, reason, seconds = first_token(target, prompt, cache, ...)   the prompt, its first token
     verify:   inp = verify_input(draft, target_logits, ...)            what a chain policy sees
     commit:   emitted, reason = commit(tokens, emitted, eos, ...)      token by token, up to the first end
-    count:    record_step(steps, g, n, len(emitted), info)             minispec.chain.stats counts the step
+    time:     with timer("verify"): ...                                  a PhaseTimer per phase of a step
 
 and the run ends with minispec.chain.stats.run_stats. A loop's invariant (the target cache holds every
 committed token but the last) is each chapter's own and is stated there.
@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput
+from minispec.acceptance.base import Decision, VerifyInput
 from minispec.checks import is_int, positive_int
 from minispec.chain.drafters import Draft
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.model.transformer import Transformer
 from minispec.model.sampling import SamplingParams, logits_to_probs, next_token
-from minispec.chain.stats import StepStats
 
 # Called with each batch of newly emitted tokens, as soon as they are known (for streaming):
 # on_tokens(tokens, num_accepted, num_proposed). The first num_accepted tokens are accepted
@@ -150,6 +150,19 @@ def refuse(chapter: str, **given) -> None:
 # ---------------------------------------------------------------- the steps
 
 
+class PhaseTimer:
+    """Wall time per phase of a step: `with timer("draft"): ...`; `totals` maps phase -> seconds."""
+
+    def __init__(self, *phases: str) -> None:
+        self.totals = {phase: 0.0 for phase in phases}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.totals[phase] += time.perf_counter() - start
+
+
 def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
     """Feed the prompt into the cache; the logits after its last token: [V].
 
@@ -173,21 +186,10 @@ def first_token(target: Transformer, prompt: list[int], cache, params: SamplingP
     return tokens, finish_reason(tokens, eos, max_new_tokens, stop_when), prefill_seconds
 
 
-def score(head: Callable[[torch.Tensor], torch.Tensor], policy: AcceptancePolicy,
-          hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The LM head on the verify rows hidden [g+1, d]: target logits [g+1, V], and the logits [n, V]
-    of any extra rows the policy asked for (`extra_head_rows`), in ONE head call (None if none)."""
-    extra_rows = policy.extra_head_rows(hidden)  # [n, d] or None
-    if extra_rows is None:
-        return head(hidden), None
-    logits = head(torch.cat([hidden, extra_rows.to(hidden.dtype)]))  # [g+1+n, V]
-    return logits[: hidden.shape[0]], logits[hidden.shape[0]:]
-
-
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def verify_input(draft: Draft, target_logits: torch.Tensor, hidden: torch.Tensor, extra_logits: torch.Tensor | None,
+def verify_input(draft: Draft, target_logits: torch.Tensor, hidden: torch.Tensor,
                  head: Callable[[torch.Tensor], torch.Tensor], params: SamplingParams,
                  generator: torch.Generator) -> VerifyInput:
     """What a policy sees after a verify pass of g+1 rows: target_logits [g+1, V] (low precision
@@ -204,7 +206,6 @@ def verify_input(draft: Draft, target_logits: torch.Tensor, hidden: torch.Tensor
         draft_logits=None if draft.logits is None else draft.logits.to(target_logits.device, target_logits.dtype),
         hidden=hidden,
         head=head,
-        extra_logits=extra_logits,
     )
 
 
@@ -230,13 +231,3 @@ def commit(tokens: list[int], emitted: list[int], eos: set[int], max_new_tokens:
         if reason is not None:
             break
     return tokens[num_before:], reason
-
-
-def record_step(steps: StepStats, num_drafted: int, num_accepted: int, num_committed: int, info: dict) -> None:
-    """Count a step by what it committed: a step cut short by an eos or stop inside its accepted
-    run counts as a draft of the committed length, all accepted (what came after the end was
-    never emitted, so it was neither accepted nor rejected)."""
-    if num_committed <= num_accepted:
-        steps.record(num_committed, num_committed, info, num_emitted=num_committed)
-    else:
-        steps.record(num_drafted, num_accepted, info)

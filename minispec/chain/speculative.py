@@ -36,11 +36,11 @@ from minispec.acceptance.base import AcceptancePolicy
 from minispec.checks import check_gamma
 from minispec.chain.draft_length import DraftLength
 from minispec.chain.drafters import Draft, Drafter, make_drafter
-from minispec.chain.loop import (GenerationResult, StepRecord, StopCondition, TokenCallback, check_request, commit,
-                           finish_reason, first_token, prefill, record_step, score, verify_input)
+from minispec.chain.loop import (GenerationResult, PhaseTimer, StepRecord, StopCondition, TokenCallback, check_request,
+                           commit, finish_reason, first_token, prefill, verify_input)
 from minispec.model.transformer import Transformer
 from minispec.model.sampling import next_token
-from minispec.chain.stats import PhaseTimer, StepStats, run_stats
+from minispec.chain.stats import run_stats
 
 
 def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,
@@ -50,17 +50,17 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         seq    = prompt + tokens                    everything committed so far
         cache  holds seq[:-1]                       the last token, `last`, is not scored yet
 
-    draft_length: a DraftLength of at most gamma tokens (None: Fixed(gamma), gamma every step).
+    draft_length: None (gamma every step) or a DraftLength of at most gamma tokens.
     """
-    draft_length = draft_length or draft_lengths.Fixed(gamma)
     # The cache never holds the last token (nobody scores it), and a step never drafts past
     # max_new_tokens (below), so prompt + max_new_tokens positions are always enough.
     max_len = len(prompt) + max_new_tokens
     cache = target.new_cache(1, max_len)
     drafter.start(max_len, target_cache=cache)  # a drafter that can may draft on the target's cache
-    draft_length.reset()
+    if draft_length is not None:
+        draft_length.reset()
     timer = PhaseTimer("draft", "verify", "policy")
-    steps = StepStats(max(1, min(gamma, max_new_tokens - 1)))  # no step drafts more than that
+    steps = []  # (drafted, accepted, committed, info) per step: minispec.chain.stats counts them
 
     # Prefill: score the prompt; its last row gives the first new token, exactly as in plain decoding.
     t0 = time.perf_counter()
@@ -69,9 +69,9 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
 
     while reason is None:
         seq = prompt + tokens
-        # How many to draft: the schedule's choice (gamma unless adaptive), never past max_new_tokens:
-        # a step emits at most g drafts + 1 token.
-        g = min(draft_length.next(), max_new_tokens - len(tokens) - 1)
+        # How many to draft: gamma (or the schedule's choice), never past max_new_tokens: a step
+        # emits at most g drafts + 1 token.
+        g = min(gamma if draft_length is None else draft_length.next(), max_new_tokens - len(tokens) - 1)
 
         # 1. Draft: up to g cheap guesses (an n-gram miss proposes none: the step is a plain decode).
         with timer("draft"):
@@ -84,37 +84,39 @@ def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, p
         with timer("verify"):
             verify_ids = torch.tensor([[seq[-1]] + draft.tokens], device=target.device)  # [1, g+1]
             hidden = target.forward_hidden(verify_ids, cache)[0]  # [g+1, d]: the LM-head input
-            target_logits, extra_logits = score(target.head, policy, hidden)  # [g+1, V], [n, V] or None
+            target_logits = target.head(hidden)  # [g+1, V]
 
         # 3. Decide: how many drafts to keep, and the token that follows them.
         with timer("policy"):
-            inp = verify_input(draft, target_logits, hidden, extra_logits, target.head, params, generator)
+            inp = verify_input(draft, target_logits, hidden, target.head, params, generator)
             decision = policy(inp)
         n = decision.num_accepted
-        emitted = draft.tokens[:n] + [decision.next_token]  # accepted prefix + correction/bonus
-        draft_length.update(g, n)  # an adaptive schedule learns from what was accepted
 
         # 4. Roll back: the target cache holds seq[:-1] + [last, d_1..d_g]; keep through d_n.
         verified_length = cache.length
         cache.truncate(len(seq) + n)
         drafter.rollback(len(seq) + n)
 
-        # 5. Commit (one token at a time, up to the first end) and count what was committed.
-        emitted, reason = commit(tokens, emitted, eos, max_new_tokens, stop_when)
-        record_step(steps, g, n, len(emitted), decision.info)
+        # 5. Commit the accepted prefix and the correction/bonus, one token at a time up to the first end.
+        emitted, reason = commit(tokens, draft.tokens[:n] + [decision.next_token], eos, max_new_tokens, stop_when)
+        steps.append((g, n, len(emitted), decision.info))
+        if draft_length is not None:
+            draft_length.update(g, n)  # an adaptive schedule learns from what was accepted
         if on_tokens is not None:
             on_tokens(emitted, min(n, len(emitted)), g)
         if on_step is not None:
-            on_step(StepRecord(steps.num_steps - 1, inp, decision, emitted, (verified_length, cache.length),
+            on_step(StepRecord(len(steps) - 1, inp, decision, emitted, (verified_length, cache.length),
                                drafter.cache_length))
 
     # Stats: tau, acceptance and the time split (minispec.chain.stats defines each figure).
-    stats = run_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0, reason, steps, timer,
-                      target_forwards=1 + steps.num_steps,  # prefill + one verify pass per step
+    stats = run_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0, reason, steps,
+                      positions=max(1, min(gamma, max_new_tokens - 1)),  # no step drafts more than that
+                      phase_seconds=timer.totals,
+                      target_forwards=1 + len(steps),  # prefill + one verify pass per step
                       draft_forwards=drafter.forwards, drafter=drafter.name,
                       draft_shares_target_cache=drafter.shares_target_cache, policy=policy.name,
                       gamma=gamma,  # the most drafted per step
-                      draft_length=draft_length.name)
+                      draft_length="fixed" if draft_length is None else draft_length.name)
     return GenerationResult(tokens=tokens, stats=stats)
 
 
@@ -182,8 +184,9 @@ def generate_chain(
         return plain_decode(target, prompt, max_new_tokens, params, generator, eos, on_tokens, stop_when)
     gamma = check_gamma(gamma)
     policy = acceptance.get(policy)
-    policy.check_sizes(min(gamma, max_new_tokens) + 1, target.config.vocab_size, target.config.hidden_size,
-                       target.device)
-    policy.reset(seed)  # a policy with its own randomness (DropMatch's masks) derives it from the run's seed
+    # A policy with its own randomness (DropMatch's masks) derives it from the run's seed; the most
+    # drafts a step holds: the prefill gives the first token, and a step adds one of its own.
+    policy.reset(seed, gamma=max(0, min(gamma, max_new_tokens - 2)))
+    schedule = None if draft_length == "fixed" else draft_lengths.get(draft_length, gamma)  # None: gamma every step
     return speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,
-                              on_tokens, on_step, stop_when, draft_lengths.get(draft_length, gamma))
+                              on_tokens, on_step, stop_when, schedule)

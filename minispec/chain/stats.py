@@ -1,7 +1,8 @@
 """What the loop counts: tau, acceptance, where drafts fail, and where the time goes.
 
-Per verify step the loop records how many tokens were drafted (g), how many of them the policy
-accepted (n), and how many tokens the step emitted (e): normally e = n + 1 (the accepted drafts,
+Per verify step the loop keeps how many tokens were drafted (g), how many of them the policy
+accepted (n), how many tokens it committed and the policy's Decision.info; step_stats counts
+them after the run. A step emits e tokens: normally e = n + 1 (the accepted drafts,
 then the correction or the bonus token). The one exception is the last step, when an eos or a stop
 condition falls inside its accepted run: it emits only the e <= n drafts up to the end, and counts
 as a draft of e tokens, all accepted (what came after the end was never emitted). So
@@ -31,74 +32,49 @@ accepted); every numeric entry is summed over the steps into `policy_info`.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
+from collections.abc import Sequence
 from numbers import Number
 
 
-class StepStats:
-    """Counts per verify step; `summary()` turns them into the figures above."""
+StepCount = tuple  # (drafted g, accepted n, committed e, the policy's Decision.info) of one verify step
 
-    def __init__(self, gamma: int) -> None:
-        self.gamma = gamma
-        self.num_steps = 0
-        self.drafted_steps = 0  # steps with at least one draft token
-        self.num_drafted = 0
-        self.num_accepted = 0
-        self.num_emitted = 0
-        self.emitted_in_drafted_steps = 0
-        self.proposed_at = [0] * gamma  # how often position i (0-based) was drafted
-        self.accepted_at = [0] * gamma  # ... and accepted
-        self.histogram = [0] * (gamma + 1)  # steps with drafts, by number of accepted drafts
-        self.policy_info: dict[str, Number] = {}  # totals of the policies' numeric Decision.info
 
-    def record(self, num_drafted: int, num_accepted: int, info: dict, num_emitted: int | None = None) -> None:
-        """One verify step: g drafted, n accepted, e emitted (default n + 1; see the module docstring)."""
-        num_emitted = num_accepted + 1 if num_emitted is None else num_emitted
-        self.num_steps += 1
-        self.drafted_steps += num_drafted > 0
-        self.num_drafted += num_drafted
-        self.num_accepted += num_accepted
-        self.num_emitted += num_emitted
-        self.emitted_in_drafted_steps += num_emitted if num_drafted > 0 else 0
-        if num_drafted > 0:
-            self.histogram[num_accepted] += 1
-        for i in range(num_drafted):
-            self.proposed_at[i] += 1
-            self.accepted_at[i] += i < num_accepted
+def step_stats(steps: Sequence[StepCount], gamma: int) -> dict:
+    """The figures above from the loop's per-step counts, steps[i] = (g, n, e, info).
+
+    A step counts by what it committed: when an eos or stop fell inside its accepted run (e <= n),
+    it counts as a draft of e tokens, all accepted, emitting e (what came after the end was never
+    emitted, so it was neither accepted nor rejected); otherwise as g drafted, n accepted, n + 1
+    emitted. gamma: the most any step drafted (the length of per_position_acceptance).
+    """
+    counted = [(e, e, e) if e <= n else (g, n, n + 1) for g, n, e, _ in steps]  # (drafted, accepted, emitted)
+    drafted = [(g, n, e) for g, n, e in counted if g > 0]
+    policy_info: dict[str, Number] = {}
+    for *_, info in steps:
         for key, value in info.items():
             if isinstance(value, Number) and not isinstance(value, bool):
-                self.policy_info[key] = self.policy_info.get(key, 0) + value
-
-    def summary(self) -> dict:
-        return {
-            "verify_steps": self.num_steps,
-            # emitted per step = accepted drafts + 1 correction/bonus token (fewer only if the run ended inside it)
-            "tau": self.num_emitted / self.num_steps if self.num_steps else 1.0,
-            "drafted_steps": self.drafted_steps,
-            # the same over the steps that drafted something (vLLM's and llama.cpp's mean accepted length)
-            "tau_drafted": self.emitted_in_drafted_steps / self.drafted_steps if self.drafted_steps else None,
-            "acceptance_rate": self.num_accepted / self.num_drafted if self.num_drafted else 0.0,
-            "num_drafted": self.num_drafted,
-            "num_accepted": self.num_accepted,
-            "per_position_acceptance": [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)],
-            "accepted_length_histogram": self.histogram,
-            "no_draft_steps": self.num_steps - self.drafted_steps,
-            "policy_info": dict(self.policy_info),
-        }
-
-
-class PhaseTimer:
-    """Wall time per phase of a step: `with timer("draft"): ...`; `totals` maps phase -> seconds."""
-
-    def __init__(self, *phases: str) -> None:
-        self.totals = {phase: 0.0 for phase in phases}
-
-    @contextmanager
-    def __call__(self, phase: str):
-        start = time.perf_counter()
-        yield
-        self.totals[phase] += time.perf_counter() - start
+                policy_info[key] = policy_info.get(key, 0) + value
+    num_drafted, num_accepted = sum(g for g, _, _ in counted), sum(n for _, n, _ in counted)
+    histogram = [0] * (gamma + 1)
+    for _, n, _ in drafted:
+        histogram[n] += 1
+    proposed_at = [sum(g > i for g, _, _ in counted) for i in range(gamma)]
+    accepted_at = [sum(n > i for _, n, _ in counted) for i in range(gamma)]
+    return {
+        "verify_steps": len(steps),
+        # emitted per step = accepted drafts + 1 correction/bonus token (fewer only if the run ended inside it)
+        "tau": sum(e for _, _, e in counted) / len(steps) if steps else 1.0,
+        "drafted_steps": len(drafted),
+        # the same over the steps that drafted something (vLLM's and llama.cpp's mean accepted length)
+        "tau_drafted": sum(e for _, _, e in drafted) / len(drafted) if drafted else None,
+        "acceptance_rate": num_accepted / num_drafted if num_drafted else 0.0,
+        "num_drafted": num_drafted,
+        "num_accepted": num_accepted,
+        "per_position_acceptance": [a / p if p else None for a, p in zip(accepted_at, proposed_at)],
+        "accepted_length_histogram": histogram,
+        "no_draft_steps": len(steps) - len(drafted),
+        "policy_info": policy_info,
+    }
 
 
 def timing_stats(num_prompt: int, num_generated: int, prefill_seconds: float, total_seconds: float) -> dict:
@@ -118,18 +94,74 @@ def timing_stats(num_prompt: int, num_generated: int, prefill_seconds: float, to
 
 
 def run_stats(num_prompt: int, num_generated: int, prefill_seconds: float, total_seconds: float, finish_reason: str,
-              steps: StepStats | None = None, timer: PhaseTimer | None = None, **named) -> dict:
+              steps: Sequence[StepCount] | None = None, positions: int = 1, phase_seconds: dict | None = None,
+              **named) -> dict:
     """The stats of one generation, built the same way by every loop (chain, tree, a batch's row):
 
         timing_stats    throughput, prefill included
-        steps.summary   tau, acceptance, ... (None: plain decoding, tau = 1)
-        timer.totals    `<phase>_seconds` for each phase of a step (draft, verify, policy)
+        step_stats      tau, acceptance, ... from the per-step counts (None: plain decoding, tau = 1),
+                        per_position_acceptance over `positions` positions
+        phase_seconds   `<phase>_seconds` for each phase of a step (draft, verify, policy)
         named           what else names the run (drafter, policy, gamma, forwards, ...)
         finish_reason   "eos" | "length" | "stop"
     """
     stats = timing_stats(num_prompt, num_generated, prefill_seconds, total_seconds)
-    stats.update(steps.summary() if steps is not None else {"tau": 1.0})
-    if timer is not None:
-        stats.update({f"{phase}_seconds": seconds for phase, seconds in timer.totals.items()})
+    stats.update(step_stats(steps, positions) if steps is not None else {"tau": 1.0})
+    if phase_seconds is not None:
+        stats.update({f"{phase}_seconds": seconds for phase, seconds in phase_seconds.items()})
     stats.update(named, finish_reason=finish_reason)
     return stats
+
+
+class PooledStats:
+    """A batch's own figures, over every group of a generate_batch call: its passes and wall time,
+    and every row's steps pooled (tau = committed tokens over row-steps)."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = gamma  # the most a step drafts: per_position_acceptance's length
+        self.steps: list[StepCount] = []  # every row's steps, pooled
+        self.prefill_seconds = self.last_prefill_seconds = self.seconds = 0.0
+        self.passes = self.row_passes = self.prefills = 0
+        self.phases = {"draft": 0.0, "verify": 0.0, "policy": 0.0}
+        self.draft_forwards = 0
+
+    def add_prefill(self, seconds: float) -> None:
+        self.prefill_seconds += seconds
+        self.last_prefill_seconds = seconds
+        self.prefills += 1
+
+    def add_pass(self, num_rows: int) -> None:
+        self.passes += 1
+        self.row_passes += num_rows
+
+    def add_seconds(self, seconds: float) -> None:
+        self.seconds += seconds
+
+    def add_phases(self, phase_seconds: dict, draft_forwards: int) -> None:
+        for phase, seconds in phase_seconds.items():
+            self.phases[phase] += seconds
+        self.draft_forwards += draft_forwards
+
+    def summary(self, batch_size: int, drafter, policy, gamma: int, results: list) -> dict:
+        """The batch's stats dict; drafter and policy (None: plain decoding) name the run, results
+        are the rows' GenerationResults."""
+        generated = sum(len(r.tokens) for r in results)
+        stats = {
+            "num_prompts": len(results),
+            "batch_size": batch_size,
+            "num_prompt_tokens": sum(r.stats["num_prompt_tokens"] for r in results),
+            "num_generated_tokens": generated,
+            "prefill_seconds": self.prefill_seconds,
+            "total_seconds": self.seconds,
+            # aggregate throughput: every row's tokens over the batch's wall time (prefill included)
+            "tokens_per_second": generated / self.seconds if self.seconds > 0 else float("inf"),
+            "target_forwards": self.prefills + self.passes,  # batched passes: a prefill per group, then one per step
+            "mean_rows_per_pass": self.row_passes / self.passes if self.passes else 0.0,
+        }
+        if drafter is None:
+            stats.update(tau=1.0)
+            return stats
+        stats.update(step_stats(self.steps, self.gamma))  # pooled over every row's steps: tau = committed / row-steps
+        stats.update(draft_forwards=self.draft_forwards, drafter=drafter.name, policy=policy.name, gamma=gamma,
+                     **{f"{phase}_seconds": seconds for phase, seconds in self.phases.items()})
+        return stats

@@ -23,24 +23,17 @@ from minispec.errors import MinispecError
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float64": "float64", "fp64": "float64", "auto": "auto"}  # --dtype -> the torch dtype's name
 PROG = "minispec.generate"
-DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")
-DROPMATCH_FLAGS = ("dropout_p", "agreement", "paths", "criterion", "majority", "or_base")
-POLICY_FLAGS = {  # shorthands for a policy's own options: flag dest -> (the policy, its constructor's option)
-    "lenience_beta": ("lenience", "beta"), "fly_window": ("fly", "window_size"),
-    "fly_entropy_threshold": ("fly", "entropy_threshold"), "fly_entropy_top_k": ("fly", "entropy_top_k"),
-}
-DROPMATCH_OPTIONS = {"dropout_p": "p", "paths": "paths", "criterion": "criterion", "majority": "majority",
-                     "or_base": "or_base"}  # DropMatch's shorthands (both of its policies): flag dest -> option
+DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")  # their p may be auto (or auto:LEVEL): calibrated per prompt
 API_FLAGS = {  # the library's argument names -> the flag that sets each (minispec.cli.in_flags)
     "draft": "--draft", "p_min": "--draft-p-min", "dtype": "--dtype", "device": "--device", "kind": "--kernels",
     "checkpoint": "--ckpt", "draft_length": "--draft-length", "gamma": "--gamma", "tree": "--tree",
-    "branching": "--branching", "width": "--tree-width", "keep": "--draft-vocab", "paths": "--paths",
+    "branching": "--branching", "width": "--tree-width", "keep": "--draft-vocab",
     "batch_size": "--batch-size", "max_new_tokens": "--max-new-tokens",
 }
 TREE_FLAGS = ("branching", "tree_width")
 DRAFT_MODEL_FLAGS = ("draft_kernels", "draft_vocab")  # shape a separate draft model's own weights
 SPECULATIVE_FLAGS = ("policy", "gamma", "draft_length", "draft_p_min", "trace", "tree", "vs_plain") + \
-    DROPMATCH_FLAGS + tuple(POLICY_FLAGS) + TREE_FLAGS + DRAFT_MODEL_FLAGS
+    TREE_FLAGS + DRAFT_MODEL_FLAGS
 NOT_A_DRAFT_MODEL = ("ngram", "early-exit", "self")  # --draft kinds without weights of their own to shape
 NOT_BATCHED = {  # flags that cannot apply to several prompts at once, and why
     "tree": "draft trees are not batched", "branching": "draft trees are not batched",
@@ -60,8 +53,8 @@ the same settings in vLLM (speculative_config) / llama.cpp / transformers (gener
   --draft-p-min P           - / --draft-p-min P / assistant_confidence_threshold=P
   --policy exact            the lossless verification of each (at temperature 0: greedy)
   --policy block            vLLM: rejection_sample_method="block"
-  --policy fly              vLLM: rejection_sample_method="fly", with --fly-window W
-                            --fly-entropy-threshold T --fly-entropy-top-k K as fly_window_size=W,
+  --policy fly:window_size=W,entropy_threshold=T,entropy_top_k=K
+                            vLLM: rejection_sample_method="fly", fly_window_size=W,
                             fly_entropy_threshold=T, fly_entropy_top_k=K
   --max-new-tokens N        max_tokens=N / -n N / max_new_tokens=N
   --stop S                  stop=[S] / "stop" (server) / stop_strings=[S]
@@ -99,16 +92,6 @@ class GenerateArgs:
     gamma: int
     draft_length: str
     draft_p_min: float
-    dropout_p: float | str  # a number or "auto"
-    agreement: float
-    paths: int
-    criterion: str
-    majority: str
-    or_base: bool
-    lenience_beta: float  # --policy lenience's beta
-    fly_window: int  # --policy fly's W, entropy threshold and top-k
-    fly_entropy_threshold: float
-    fly_entropy_top_k: int
     tree: int | None  # nodes per verify pass; None: chains
     branching: tuple[int, ...] | None
     tree_width: int | None
@@ -121,11 +104,11 @@ class GenerateArgs:
     vs_plain: bool = False
     batch_size: int | None = None  # None: one prompt; N: --prompt-file's lines, N at a time
     policy_options: dict = field(default_factory=dict)  # --policy NAME:key=value,...: constructor options
+    # (DropMatch's p may be "auto" or ("auto", LEVEL): calibrated on the prompt, minispec.lab.dropout_calibration)
     given: frozenset[str] = frozenset()  # the flags given on the command line (their dest names)
 
 
 def build_parser() -> Parser:
-    from minispec.lab.dropout_calibration import DEFAULT_LEVEL
     from minispec.model.sampling import MIN_TEMPERATURE
 
     p = Parser(prog=PROG, description="Generate text with a Llama/Qwen checkpoint, plainly or by draft-then-verify.",
@@ -183,15 +166,17 @@ def build_parser() -> Parser:
                         "'ngram[:N]', 'early-exit:N', 'self:bf16' or 'self:int8' (default: plain decoding)")
     s.add_argument("--policy", default="exact", type=nonempty("--policy", "NAME or NAME:key=value,..."),
                    metavar="NAME[:key=value,...]",
-                   help="acceptance policy, with any of its constructor's options after a colon (e.g. "
-                        "typical:eps=0.05,delta=0.2 or dropmatch-lazy:p=0.3,paths=5; a registered policy of your own "
-                        "takes its options the same way): exact, sampling, block (Sun et al.'s block verification: lossless, never "
-                        "fewer accepted tokens than sampling; vLLM's rejection_sample_method 'block'), traversal "
-                        "(its tree form, Weng et al.: lossless on --tree; on a chain, block), typical, lenience "
-                        "(sampling against --lenience-beta times the draft; lossy), fly (FLy: exact / sampling plus "
-                        "an entropy gate and a deferred window; lossy; vLLM's 'fly'), dropmatch (Algorithm 1 in "
-                        "full), dropmatch-lazy (the same decisions, computing only what each needs), or a registered "
-                        "name")
+                   help="acceptance policy, with any of its constructor's options after a colon, each typed as the "
+                        "constructor takes it (e.g. typical:eps=0.05,delta=0.2, lenience:beta=0.5, "
+                        "fly:window_size=4, dropmatch-lazy:p=0.3,paths=5,criterion=majority; a registered policy of "
+                        "your own takes its options the same way): exact, sampling, block (Sun et al.'s block "
+                        "verification: lossless, never fewer accepted tokens than sampling; vLLM's "
+                        "rejection_sample_method 'block'), traversal (its tree form, Weng et al.: lossless on --tree; "
+                        "on a chain, block), typical, lenience (sampling against beta times the draft; lossy), fly "
+                        "(FLy: exact / sampling plus an entropy gate and a deferred window; lossy; vLLM's 'fly'), "
+                        "dropmatch (Algorithm 1 in full), dropmatch-lazy (the same decisions, computing only what each "
+                        "needs; p=auto or p=auto:LEVEL calibrates p on the prompt so that all K heads keep the clean "
+                        "argmax at LEVEL of its positions, default 0.8), or a registered name")
     s.add_argument("--gamma", type=ranged(int, "--gamma", lo=1), default=5,
                    help="draft length per verify step (with --draft-length heuristic: the most)")
     s.add_argument("--draft-length", type=draft_length_spec, default="fixed",
@@ -216,30 +201,6 @@ def build_parser() -> Parser:
                    help="a draft model's LM head over its N most frequent tokens only (ids below N, plus the added "
                         "tokens; FR-Spec): a cheaper draft step, lossless through the target's verify "
                         "(default: the full vocabulary)")
-    s.add_argument("--dropout-p", type=dropout_p, default=0.3,
-                   help="DropMatch: dropout probability on the LM-head input, in [0, 1), or 'auto': the p whose "
-                        "measured all-K head agreement with the clean argmax is --agreement, on the target's first "
-                        "32 greedy tokens of this prompt (minispec.lab.dropout_calibration)")
-    s.add_argument("--agreement", type=ranged(float, "--agreement", lo=0, hi=1, lo_open=True), default=DEFAULT_LEVEL,
-                   help="with --dropout-p auto: the share of positions where all K heads keep the clean argmax")
-    s.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch: number of dropout paths K")
-    s.add_argument("--criterion", choices=["js_or_majority", "js", "majority", "naive"], default="js_or_majority",
-                   help="DropMatch: the acceptance test")
-    s.add_argument("--majority", choices=["strict", "plurality"], default="strict", help="DropMatch: the vote")
-    s.add_argument("--no-or-base", dest="or_base", action="store_false",
-                   help="DropMatch alone, not OR-ed with its base policy (exact at T=0, sampling at T>0)")
-    s.add_argument("--lenience-beta", type=ranged(float, "--lenience-beta", lo=0, hi=1), default=0.5, metavar="BETA",
-                   help="lenience: accept a draft d with probability min(1, p(d) / (BETA q(d))); 1 = lossless "
-                        "sampling, 0 = keep every draft the target gives any mass (lenience needs --temperature > 0: "
-                        "at 0 it is exact match whatever BETA)")
-    s.add_argument("--fly-window", type=ranged(int, "--fly-window", lo=0), default=6, metavar="W",
-                   help="FLy: a rejected draft is accepted only if the next W drafts pass the base rule (vLLM: "
-                        "fly_window_size); needs W < --gamma")
-    s.add_argument("--fly-entropy-threshold", type=ranged(float, "--fly-entropy-threshold", lo=0), default=0.3,
-                   metavar="T", help="FLy: ... and the target's top-k entropy there (nats) is at least T (vLLM: "
-                                     "fly_entropy_threshold; at most ln k)")
-    s.add_argument("--fly-entropy-top-k", type=ranged(int, "--fly-entropy-top-k", lo=1), default=3, metavar="K",
-                   help="FLy: the k in top-k entropy (vLLM: fly_entropy_top_k)")
     t = p.add_argument_group("draft trees")
     t.add_argument("--tree", type=ranged(int, "--tree", lo=1), default=None, metavar="N",
                    help="draft a tree of up to N nodes per step instead of a chain, verified in one pass of N+1 rows; "
@@ -282,19 +243,6 @@ def temperature(text: str) -> float:
     if not (value == 0 or MIN_TEMPERATURE <= value < math.inf):  # also nan
         raise argparse.ArgumentTypeError(f"--temperature = {text}; expected 0 (greedy) or a finite number "
                                          f">= {MIN_TEMPERATURE:g}")
-    return value
-
-
-def dropout_p(text: str) -> float | str:
-    """--dropout-p: 'auto' or a number in [0, 1)."""
-    if text == "auto":
-        return "auto"
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--dropout-p = {text!r}; expected a number in [0, 1) or 'auto'") from None
-    if not 0 <= value < 1:  # also nan
-        raise argparse.ArgumentTypeError(f"--dropout-p = {text}; expected 0 <= dropout-p < 1 or 'auto'")
     return value
 
 
@@ -359,8 +307,27 @@ def policy_spec(text: str) -> tuple[str, dict]:
             raise MinispecError(f"--policy {name}: unknown option {key!r}; {expected}")
         if key in options:
             raise MinispecError(f"--policy {name}: option {key!r} given twice")
-        options[key] = option_value(name, key, value.strip(), parameters[key])
+        if name in DROPMATCH_POLICIES and key == "p" and value.strip().partition(":")[0] == "auto":
+            options[key] = auto_level(value.strip())
+        else:
+            options[key] = option_value(name, key, value.strip(), parameters[key])
     return name, options
+
+
+def auto_level(text: str) -> tuple[str, float]:
+    """DropMatch's p=auto[:LEVEL] -> ("auto", LEVEL): the share of positions where all K heads keep the
+    clean argmax, in (0, 1] (default minispec.lab.dropout_calibration.DEFAULT_LEVEL)."""
+    from minispec.lab.dropout_calibration import DEFAULT_LEVEL
+
+    _, colon, level = text.partition(":")
+    try:
+        value = float(level) if colon else DEFAULT_LEVEL
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:  # also nan
+        raise MinispecError(f"--policy dropmatch: p = {text!r}; expected a number in [0, 1), auto, or auto:LEVEL with "
+                            "LEVEL in (0, 1] (the share of positions where every head keeps the clean argmax)")
+    return "auto", value
 
 
 def option_value(policy: str, key: str, text: str, kind: type | None):
@@ -380,35 +347,15 @@ def option_value(policy: str, key: str, text: str, kind: type | None):
     return text
 
 
-def shorthands(policy: str) -> dict[str, str]:
-    """The flags that set one of `policy`'s options: flag dest -> option."""
-    if policy in DROPMATCH_POLICIES:
-        return dict(DROPMATCH_OPTIONS)
-    return {dest: option for dest, (owner, option) in POLICY_FLAGS.items() if owner == policy}
-
-
-def policy_options(args: GenerateArgs) -> dict:
-    """The options the policy is built with: its shorthand flags' values (given or default), then
-    the options given in --policy NAME:key=value,... (never both for one option: check_flags)."""
-    options = {option: getattr(args, dest) for dest, option in shorthands(args.policy).items()}
-    return options | dict(args.policy_options)
-
-
 def check_flags(args: GenerateArgs) -> None:
     """A flag given where it cannot apply is a mistake, not something to ignore: say why, in one line."""
     def flag(dest: str) -> str:
-        return "--no-or-base" if dest == "or_base" else "--" + dest.replace("_", "-")
+        return "--" + dest.replace("_", "-")
 
     for dest in sorted(args.given):
         if args.draft is None and dest in SPECULATIVE_FLAGS:
             raise MinispecError(f"{flag(dest)}: applies only to speculative decoding; expected a --draft "
                                 "(without one, decoding is plain)")
-        if dest in DROPMATCH_FLAGS and args.policy not in DROPMATCH_POLICIES:
-            raise MinispecError(f"{flag(dest)}: a DropMatch setting; expected --policy dropmatch or dropmatch-lazy "
-                                f"(not {args.policy})")
-        if dest in POLICY_FLAGS and args.policy != POLICY_FLAGS[dest][0]:
-            raise MinispecError(f"{flag(dest)}: a {POLICY_FLAGS[dest][0]} setting; expected --policy "
-                                f"{POLICY_FLAGS[dest][0]} (not {args.policy})")
         if dest in ("top_k", "top_p") and args.temperature == 0:
             raise MinispecError(f"{flag(dest)}: applies only when sampling; expected --temperature > 0 "
                                 "(at 0 decoding takes the argmax)")
@@ -446,34 +393,16 @@ def check_flags(args: GenerateArgs) -> None:
                                 "(or - for stdin) with it")
         if args.batch_size is not None and dest in NOT_BATCHED:
             raise MinispecError(f"{flag(dest)}: {NOT_BATCHED[dest]}; expected one of --batch-size and {flag(dest)}")
-    for dest, option in shorthands(args.policy).items():
-        if dest in args.given and option in args.policy_options:
-            raise MinispecError(f"{flag(dest)}: sets {args.policy}'s {option}, which --policy {args.policy}:{option}=... "
-                                "sets too; expected one of the two")
     if args.policy_options and args.draft is None:
         raise MinispecError("--policy: options apply only to speculative decoding; expected a --draft "
                             "(without one, decoding is plain)")
     if args.draft is not None and args.policy == "lenience" and args.temperature == 0:
         raise MinispecError("--policy lenience: at --temperature 0 the target gives every draft but its argmax "
-                            "probability 0, so lenience is exact match whatever --lenience-beta; expected "
+                            "probability 0, so lenience is exact match whatever its beta; expected "
                             "--temperature > 0 (or --policy exact)")
-    window = policy_options(args).get("window_size")
-    if args.draft is not None and args.policy == "fly" and isinstance(window, int) and window >= args.gamma:
-        given = "--policy fly:window_size=" if "window_size" in args.policy_options else "--fly-window "
-        raise MinispecError(f"{given}{window}: FLy defers a rejection only when the {window} "
-                            f"drafts after it are in the same step, and --gamma {args.gamma} drafts at most; expected "
-                            f"the window below --gamma (or a larger --gamma)")
-    most_drafts = args.max_new_tokens - 2  # the prefill gives the first token; a step also emits one of its own
-    if args.draft is not None and args.policy == "fly" and isinstance(window, int) and window >= most_drafts:
-        given = "--policy fly:window_size=" if "window_size" in args.policy_options else "--fly-window "
-        raise MinispecError(f"{given}{window}: with --max-new-tokens {args.max_new_tokens} a step drafts at most "
-                            f"{max(most_drafts, 0)} tokens, so no window of {window} ever fits and FLy would be "
-                            f"exact match; expected a window below {max(most_drafts, 1)} (or more --max-new-tokens)")
-    if "agreement" in args.given and args.dropout_p != "auto":
-        raise MinispecError("--agreement: sets how --dropout-p auto calibrates; expected --dropout-p auto")
-    if args.batch_size is not None and args.dropout_p == "auto" and args.policy in DROPMATCH_POLICIES:
-        raise MinispecError("--dropout-p auto: calibrates p on one prompt; expected a number for --dropout-p with "
-                            "--batch-size")
+    if args.batch_size is not None and isinstance(args.policy_options.get("p"), tuple):
+        raise MinispecError(f"--policy {args.policy}:p=auto: calibrates p on one prompt; expected a number for p "
+                            "with --batch-size")
     from minispec.checkpoints.tokenizer import check_text
 
     for text, flag_name in [(args.prompt, "--prompt"), (args.system, "--system"), *((s, "--stop") for s in args.stop)]:

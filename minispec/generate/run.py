@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from minispec.cli import in_flags
 from minispec.errors import MinispecError
-from minispec.generate.flags import (DROPMATCH_POLICIES, DTYPES, NOT_A_DRAFT_MODEL, GenerateArgs, check_flags,
-                                     policy_options)
+from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, NOT_A_DRAFT_MODEL, GenerateArgs, check_flags
 from minispec.generate.printing import Printer, StopStrings, decoded_text, print_prompt_text, use_colour
 
 if TYPE_CHECKING:
@@ -74,20 +73,8 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
     from minispec.decode import generate
 
     prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
-    p = policy_options(args).get("p", args.dropout_p)
-    if p == "auto" and args.policy in DROPMATCH_POLICIES:  # calibrated on this prompt
-        from minispec.lab.dropout_calibration import CALIBRATION_TOKENS, auto_dropout_p
-        from minispec.chain.speculative import generate_chain
-
-        from minispec.chain.loop import check_prompt
-
-        check_prompt(model, prompt_ids, args.max_new_tokens)  # the user's request first: its error names their flag
-        room = model.config.max_position_embeddings - len(prompt_ids)  # >= --max-new-tokens >= 1
-        continuation = generate_chain(model, prompt_ids, max_new_tokens=min(CALIBRATION_TOKENS, room),
-                                      eos_token_ids=tokenizer.eos_token_ids).tokens  # the target's own, plainly
-        p = auto_dropout_p(model, prompt_ids, policy_options(args)["paths"], args.agreement, continuation=continuation)
+    policy = _policy(args, model, prompt_ids, tokenizer)  # before the kernels: p=auto calibrates the reference
     ran = _apply_kernels(args, model, drafter, ckpt)
-    policy = _policy(args, p)
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
     printer = progress.printer = None if args.json or args.trace else Printer(
         tokenizer, colour=args.show and use_colour(args.color), stops=args.stop)
@@ -114,8 +101,8 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         printer.finish()
     elif args.trace and not args.json:
         print(text)
-    if args.policy in DROPMATCH_POLICIES:
-        result.stats["dropout_p"] = p
+    if args.policy in DROPMATCH_POLICIES:  # p as it ran (calibrated for p=auto)
+        result.stats["dropout_p"] = policy.p
     result.stats.update(ran, dtype=str(model.weights_dtype if hasattr(model, "weights_dtype") else model.dtype))
     if hasattr(options.get("draft_length"), "costs"):  # auto: the prices it chose by
         result.stats["draft_costs"] = options["draft_length"].costs
@@ -260,8 +247,7 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
                             f"{len(prompts) - 1}; expected --seed <= {2**64 - len(prompts)} for {len(prompts)} prompts")
     progress.start(prompts)
     ran = _apply_kernels(args, model, drafter, ckpt)
-    p = policy_options(args).get("p", args.dropout_p)  # a number: auto is refused with --batch-size
-    policy = _policy(args, p)
+    policy = _policy(args)  # p=auto is refused with --batch-size
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
     progress.print_text = not args.json
     speculative = {} if drafter is None else {"draft_length": args.draft_length}
@@ -280,12 +266,12 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
     results = []
     for i, result in enumerate(batch):
         if args.policy in DROPMATCH_POLICIES:
-            result.stats["dropout_p"] = p
+            result.stats["dropout_p"] = policy.p
         results.append({"text": decoded_text(tokenizer, result.tokens, stop), "tokens": result.tokens,
                         "prompt_tokens": len(prompts[i]), "finish_reason": result.finish_reason,
                         "stats": result.stats})
     if args.policy in DROPMATCH_POLICIES:
-        stats["dropout_p"] = p
+        stats["dropout_p"] = policy.p
     return {"results": results, "stats": stats}
 
 
@@ -428,14 +414,32 @@ def _read_stdin() -> str:
     return decode_utf8(read_all(stream), "--prompt-file - (stdin)")
 
 
-def _policy(args: GenerateArgs, p: float | str):
-    """The policy named by --policy, with its options (policy_options), DropMatch's p as calibrated."""
+def _policy(args: GenerateArgs, model=None, prompt_ids: list[int] | None = None, tokenizer=None):
+    """The policy named by --policy with its options; DropMatch's p=auto[:LEVEL] calibrated on this
+    prompt first (minispec.lab.dropout_calibration: on the target's own plain continuation)."""
     from minispec import acceptance
 
-    options = policy_options(args)
-    if args.policy in DROPMATCH_POLICIES:
-        options["p"] = p  # masks seeded from --seed by the loop
+    options = dict(args.policy_options)
+    auto = options.pop("p") if isinstance(options.get("p"), tuple) else None
     try:
-        return acceptance.get(args.policy, **options)
+        policy = acceptance.get(args.policy, **options)  # the options checked before any calibration
+        if auto is not None:
+            options["p"] = calibrated_p(args, model, prompt_ids, tokenizer, policy.paths, level=auto[1])
+            policy = acceptance.get(args.policy, **options)
     except MinispecError as err:
         raise MinispecError(f"--policy {args.policy}: {err}") from None
+    return policy
+
+
+def calibrated_p(args: GenerateArgs, model, prompt_ids: list[int], tokenizer, paths: int, level: float) -> float:
+    """p=auto: the dropout rate whose K heads all keep the clean argmax at `level` of the positions of
+    the target's own first CALIBRATION_TOKENS greedy tokens after this prompt."""
+    from minispec.chain.loop import check_prompt
+    from minispec.chain.speculative import generate_chain
+    from minispec.lab.dropout_calibration import CALIBRATION_TOKENS, auto_dropout_p
+
+    check_prompt(model, prompt_ids, args.max_new_tokens)  # the user's request first: its error names their flag
+    room = model.config.max_position_embeddings - len(prompt_ids)  # >= --max-new-tokens >= 1
+    continuation = generate_chain(model, prompt_ids, max_new_tokens=min(CALIBRATION_TOKENS, room),
+                                  eos_token_ids=tokenizer.eos_token_ids).tokens  # the target's own, plainly
+    return auto_dropout_p(model, prompt_ids, paths, level, continuation=continuation)

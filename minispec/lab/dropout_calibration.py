@@ -37,8 +37,8 @@ import torch
 
 from minispec.errors import MinispecError
 
-CALIBRATION_TOKENS = 32  # how much of the target's greedy continuation `--dropout-p auto` calibrates on
-DEFAULT_LEVEL = 0.8  # the agreement `--dropout-p auto` aims for (docs/dropmatch.md: why)
+CALIBRATION_TOKENS = 32  # how much of the target's greedy continuation `p=auto` calibrates on
+DEFAULT_LEVEL = 0.8  # the agreement `p=auto` aims for (docs/dropmatch.md: why)
 DEFAULT_COMPETITORS = 32
 
 
@@ -179,7 +179,7 @@ def bracket_p(agreement: Callable[[float], float], level: float, p_max: float = 
 
 def auto_dropout_p(model, prompt_ids: list[int], paths: int, level: float = DEFAULT_LEVEL, *,
                    continuation: list[int], seed: int = 0, steps: int = 16) -> float:
-    """`--dropout-p auto`: the p whose measured all-K head agreement is `level` at the positions
+    """`p=auto`: the p whose measured all-K head agreement is `level` at the positions
     DropMatch will judge: those of the target's own greedy `continuation` of the prompt (the CLI
     takes its first CALIBRATION_TOKENS tokens, decoded plainly), whose LM-head inputs come from
     one forward.

@@ -46,7 +46,6 @@ from minispec.errors import MinispecError
 from minispec.acceptance.base import AcceptancePolicy, PolicyInputError, VerifyInput, get
 from minispec.model.kv_cache import KVCache
 from minispec.model.sampling import SamplingParams, logits_to_probs
-from minispec.chain.loop import score
 from minispec.chain.speculative import generate_chain as generate
 from minispec.testing.cache_machine import make_cache_machine, make_ragged_cache_machine
 from minispec.testing.distribution import chi_square_p_value, sequence_distribution
@@ -136,17 +135,17 @@ def verify_inputs(draw, max_gamma: int = 5, max_vocab: int = 8, temperature: flo
                        generator=torch.Generator().manual_seed(draw(seeds)), draft_logits=draft_logits)
 
 
-def with_head(policy: AcceptancePolicy, inp: VerifyInput, seed: int) -> VerifyInput:
+def with_head(inp: VerifyInput, seed: int) -> VerifyInput:
     """`inp` as the loop builds it from a random linear LM head: target logits = head(hidden),
-    plus `hidden`, `head` and the logits of the policy's `extra_head_rows` (for DropMatch)."""
+    plus `hidden` and `head` (for DropMatch)."""
     gen = torch.Generator().manual_seed(seed)
     vocab, rows = inp.target_logits.shape[1], inp.gamma + 1
     hidden = torch.randn(rows, 8, generator=gen, dtype=torch.float64)  # [gamma+1, d]
     weight = torch.randn(vocab, 8, generator=gen, dtype=torch.float64)  # [V, d]
     head = lambda h: h @ weight.T  # noqa: E731  [..., d] -> [..., V]
-    target_logits, extra_logits = score(head, policy, hidden)  # [gamma+1, V], [n, V] or None: as the loop does
+    target_logits = head(hidden)  # [gamma+1, V]: as the loop does
     return VerifyInput(inp.draft_tokens, inp.q_draft, target_logits, logits_to_probs(target_logits, inp.params),
-                       inp.params, inp.generator, inp.draft_logits, hidden=hidden, head=head, extra_logits=extra_logits)
+                       inp.params, inp.generator, inp.draft_logits, hidden=hidden, head=head)
 
 
 def check_neutral_arguments(policy_factory: Callable[..., AcceptancePolicy], neutral: dict | None, base: str,
@@ -220,7 +219,7 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
         """A new, reset policy and the input with target logits from a random head (`with_head`)."""
         p = policy_factory()
         p.reset()
-        return p, with_head(p, inp, seed)
+        return p, with_head(inp, seed)
 
     @quick
     @given(inp=verify_inputs(), seed=seeds)

@@ -44,12 +44,13 @@ from minispec.acceptance import AcceptancePolicy, ExactMatch, SpeculativeSamplin
 from minispec.trees.walks import TreeDecision, TreeInput, walk_for
 from minispec.checks import check_gamma, is_int
 from minispec.errors import MinispecError
-from minispec.chain.loop import (GenerationResult, StopCondition, TokenCallback, check_request, commit, first_token,
-                           record_step, refuse)
+from minispec.chain.loop import (GenerationResult, PhaseTimer, StopCondition, TokenCallback, check_request, commit,
+                           first_token,
+                           refuse)
 from minispec.model.memory import check_fits, kv_cache_bytes, verify_bytes
 from minispec.model.transformer import Transformer
 from minispec.model.sampling import SamplingParams
-from minispec.chain.stats import PhaseTimer, StepStats, run_stats
+from minispec.chain.stats import run_stats
 from minispec.trees.tree import DraftTree, keep_path, tree_mask, tree_positions
 from minispec.trees.drafters import TreeDrafter, TreeSpec, make_tree_drafter
 
@@ -107,10 +108,9 @@ def generate_tree(
                                                    seed, eos_token_ids)
     policy = acceptance.get(policy) if policy is not None else ExactMatch() if params.greedy else SpeculativeSampling()
     walk_for(policy)  # a policy without a tree form fails here, before any work
-    policy.reset(seed)
+    policy.reset(seed, gamma=max_depth)  # a path down the tree holds at most max_depth drafts
     drafter = make_tree_drafter(draft, target, tree, depth=max_depth)
     budget = usable_budget(target, drafter, tree.budget, max_depth, len(prompt) + max_new_tokens)
-    policy.check_sizes(budget + 1, target.config.vocab_size, target.config.hidden_size, target.device)
     return tree_decode(target, drafter, policy, budget, max_depth, prompt, max_new_tokens, params, generator,
                        eos, on_tokens, stop_when)
 
@@ -146,7 +146,7 @@ def tree_decode(target: Transformer, drafter: TreeDrafter, policy: AcceptancePol
     cache = target.new_cache(1, len(prompt) + max_new_tokens + budget)  # rejected branches sit there for one pass
     drafter.start(len(prompt) + max_new_tokens + budget)
     timer = PhaseTimer("draft", "verify", "policy")
-    steps = StepStats(max(1, min(max_depth, max_new_tokens - 1)))
+    steps = []  # (drafted, accepted, committed, info) per step: minispec.chain.stats counts them
     t0 = time.perf_counter()
     tokens, reason, t_prefill = first_token(target, prompt, cache, params, generator, eos, max_new_tokens, stop_when,
                                             on_tokens)
@@ -179,15 +179,16 @@ def tree_decode(target: Transformer, drafter: TreeDrafter, policy: AcceptancePol
         emitted, reason = commit(tokens, [tree.tokens[node] for node in path] + [decision.next_token], eos,
                                  max_new_tokens, stop_when)
         tree_depth = max(tree.depths, default=0)  # the most this step could accept
-        record_step(steps, tree_depth, len(path), len(emitted), decision.info)
+        steps.append((tree_depth, len(path), len(emitted), decision.info))
         nodes_verified += tree.num_nodes
         depth_histogram[min(len(path), len(emitted))] += 1
         if on_tokens is not None:
             on_tokens(emitted, min(len(path), len(emitted)), tree_depth)
 
-    stats = run_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0, reason, steps, timer,
-                      nodes_per_step=nodes_verified / steps.num_steps if steps.num_steps else 0.0,
-                      accepted_depth_histogram=depth_histogram, target_forwards=1 + steps.num_steps,
+    stats = run_stats(len(prompt), len(tokens), t_prefill, time.perf_counter() - t0, reason, steps,
+                      positions=max(1, min(max_depth, max_new_tokens - 1)), phase_seconds=timer.totals,
+                      nodes_per_step=nodes_verified / len(steps) if steps else 0.0,
+                      accepted_depth_histogram=depth_histogram, target_forwards=1 + len(steps),
                       draft_forwards=drafter.forwards, drafter=drafter.name, policy=policy.name,
                       gamma=max_depth, budget=budget, max_depth=max_depth, tree=True)
     return GenerationResult(tokens=tokens, stats=stats)

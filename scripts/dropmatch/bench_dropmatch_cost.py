@@ -11,13 +11,11 @@ and the JS test and vote. Timing it inside a loop would mix it with everything e
 2. Replay each recorded step, the variants taking turns, --reps times (median per step):
      exact      head(hidden) + the exact decision: what the run's own verify step did after
                 its forward;
-     a variant  what the loop does for that policy: extra_head_rows(hidden) scored in the same
-                head call as the clean rows, then the policy's decision (which may call the head
-                again, on rows it did not ask for up front).
+     a variant  what the loop does for that policy: head(hidden), then the policy's decision
+                (which calls the head again on the dropped-out rows it needs).
    Variants: "dropmatch" (Algorithm 1 in full: all K paths at every position in one head call)
-   and "dropmatch-lazy" with prefetch 0, 1 (its default) and 2 (the paths of the first
-   `prefetch` drafted positions go into the verify's head call; others only when a verdict
-   needs them). Same decisions in all variants.
+   and "dropmatch-lazy" (paths only at the positions whose verdict needs them). Same decisions in
+   both.
 3. Report, per variant: extra ms per step = (variant - exact), summed over all steps of all
    prompts, over the number of steps; the extra as a share of the runs' own verify time
    (forward + head, from their stats); for the lazy variants, positions per step whose verdict
@@ -46,9 +44,7 @@ from minispec.cli import ranged  # noqa: E402
 PROG = "bench_dropmatch_cost"
 VARIANTS = {  # label -> (registered name, options)
     "dropmatch": ("dropmatch", {}),
-    "dropmatch-lazy, prefetch 0": ("dropmatch-lazy", {"prefetch": 0}),
-    "dropmatch-lazy, prefetch 1 (default)": ("dropmatch-lazy", {"prefetch": 1}),
-    "dropmatch-lazy, prefetch 2": ("dropmatch-lazy", {"prefetch": 2}),
+    "dropmatch-lazy": ("dropmatch-lazy", {}),
 }
 
 
@@ -65,16 +61,14 @@ class RecordingExact(ExactMatch):
 
 
 def verify_step(policy: acceptance.AcceptancePolicy, step: VerifyInput) -> acceptance.Decision:
-    """What the loop does after the verify's forward: one head call over the clean rows and the
-    rows the policy asks for, then the decision. (p_target is reused: it is the same for all.)"""
+    """What the loop does after the verify's forward: the head over the clean rows, then the
+    decision. (p_target is reused: it is the same for all.)"""
     hidden, head = step.hidden, step.head  # [g+1, d]
-    extra_rows = policy.extra_head_rows(hidden)  # [n, d] or None
-    logits = head(hidden if extra_rows is None else torch.cat([hidden, extra_rows]))  # [g+1 (+n), V]
+    logits = head(hidden)  # [g+1, V]
     if logits.dtype not in (torch.float32, torch.float64):
         logits = logits.float()
-    clean, extra = logits[:hidden.shape[0]], (None if extra_rows is None else logits[hidden.shape[0]:])
-    return policy(VerifyInput(step.draft_tokens, step.q_draft, clean, step.p_target, step.params, step.generator,
-                              step.draft_logits, hidden=hidden, head=head, extra_logits=extra))
+    return policy(VerifyInput(step.draft_tokens, step.q_draft, logits, step.p_target, step.params, step.generator,
+                              step.draft_logits, hidden=hidden, head=head))
 
 
 def replay_costs(model, prompts: list[list[int]], gamma: int, max_new_tokens: int, eos: list[int],

@@ -2,7 +2,7 @@
 
 DropMatch (dropmatch.py) runs all K paths of all gamma+1 positions through the LM head and
 evaluates every criterion everywhere: Algorithm 1 as written. Most of that work cannot change
-the decision. This class keeps Algorithm 1's decisions and skips it, by four shortcuts that are
+the decision. This class keeps Algorithm 1's decisions and skips it, by three shortcuts that are
 exact, not approximations:
 
 1. Paths only where a verdict is needed. Position i's paths decide position i only. With
@@ -11,17 +11,12 @@ exact, not approximations:
    order, scores a position's K path rows (one head call on [K, d]) only when the base has not
    accepted it, and stops at the first rejection. The bonus position never needs them.
 
-2. Prefetch. extra_head_rows(hidden) hands the loop the K rows of the first `prefetch` drafted
-   positions (default 1: a weak or n-gram drafter's first draft is the one the base most often
-   rejects); the loop scores them in the verify's own head call, so W is read once for them,
-   and their logits arrive as inp.extra_logits.
-
-3. Votes from row maxima (draft_votes). torch.argmax takes the lowest id among equal maxima, so
+2. Votes from row maxima (draft_votes). torch.argmax takes the lowest id among equal maxima, so
    y_k = d_i  <=>  l_k[d_i] = max_v l_k[v]  and  l_k[v] < l_k[d_i] for every v < d_i.
    The vote needs K row maxima and a look at the ids below d_i only where the first holds. With
    js_or_majority the criterion is an OR, so a position the vote accepts skips the JS test.
 
-4. The radius by a bound (js_acceptance). "JS(q || pbar) <= max_k JS(p_k || pbar)" holds iff
+3. The radius by a bound (js_acceptance). "JS(q || pbar) <= max_k JS(p_k || pbar)" holds iff
    some path reaches JS(q || pbar), and
        JS(a || b) <= ln 2 * TV(a, b),   TV(a, b) = 1/2 sum_v |a_v - b_v|,
    since each entry f(a, b) = 1/2 a ln(2a/(a+b)) + 1/2 b ln(2b/(a+b)) is convex along a + b = s,
@@ -38,17 +33,6 @@ exact, not approximations:
 The same masks. The masks of a step are drawn for every (path, position), from the policy's own
 generator, in the same order and shape as DropMatch draws them, also for the positions never
 used: so after the same steps both classes hold the same generator state and see the same masks.
-
-State between the hook and decide. The hook runs before decide in each loop step, but decide
-may also run alone (tests, a caller without the hook). extra_head_rows draws the step's masks
-and keeps them, with the generator state before the draw and the hidden tensor they were drawn
-for, until the next decide:
-- decide with that same hidden tensor uses those masks, and inp.extra_logits (if present) as
-  the prefetched positions' logits;
-- decide with another input rewinds the generator to the kept state and draws again, so the
-  masks are the ones DropMatch would draw, and computes every path row itself;
-- a second hook call with no decide in between rewinds first: the generator advances once per
-  decided step, as DropMatch's does. reset() drops what the hook kept.
 
 Round-off. The lazy class scores path rows in smaller head calls than DropMatch's one, and a
 BLAS may sum a row's dot product in an order that depends on how many rows share the call; the
@@ -70,8 +54,6 @@ import torch
 
 from minispec.acceptance.base import Decision, VerifyInput, first_rejection, register
 from minispec.acceptance.dropmatch.rule import DropMatch, head_inputs, js_divergence, vote_acceptances
-from minispec.checks import is_int
-from minispec.errors import MinispecError
 from minispec.model.sampling import greedy_token
 
 LN2 = math.log(2.0)
@@ -90,7 +72,7 @@ def draft_votes(path_logits: torch.Tensor, draft_token: int) -> int:
 
 def js_acceptance(path_logits: torch.Tensor, centroid_logits: torch.Tensor, draft_probs: torch.Tensor,
                   temperature: float) -> bool:
-    """JS(q || pbar) <= max_k JS(p_k || pbar), at one position (shortcut 4 in the module docstring).
+    """JS(q || pbar) <= max_k JS(p_k || pbar), at one position (shortcut 3 in the module docstring).
 
     path_logits [K, V] (l_k), centroid_logits [V] (mean_k l_k), draft_probs [V] (q).
     """
@@ -110,18 +92,15 @@ class DropoutPaths:
     """The K path logits of one step, position by position, each computed on first use.
 
     hidden [gamma+1, d] and masks [K, gamma+1, d] (the step's, all drawn up front) give path k at
-    position i as head(h_i * m_ki / (1-p)); prefetched [K, n, V] holds the first n positions'
-    logits from the verify's head call. With p = 0 there are no masks: every path is the clean
+    position i as head(h_i * m_ki / (1-p)). With p = 0 there are no masks: every path is the clean
     row of clean_logits [gamma+1, V]. `asked` counts the positions asked for, `head_calls` the
     head calls made here.
     """
 
     def __init__(self, hidden: torch.Tensor, masks: torch.Tensor | None, p: float,
-                 head: Callable[[torch.Tensor], torch.Tensor], clean_logits: torch.Tensor,
-                 prefetched: torch.Tensor | None, num_paths: int) -> None:
+                 head: Callable[[torch.Tensor], torch.Tensor], clean_logits: torch.Tensor, num_paths: int) -> None:
         self.hidden, self.masks, self.p, self.head = hidden, masks, p, head
         self.clean_logits, self.num_paths = clean_logits, num_paths
-        self._logits = {} if prefetched is None else {i: prefetched[:, i] for i in range(prefetched.shape[1])}
         self.asked = 0
         self.head_calls = 0
 
@@ -130,51 +109,21 @@ class DropoutPaths:
         self.asked += 1
         if self.masks is None:  # p = 0: the clean head, bitwise
             return self.clean_logits[i].expand(self.num_paths, -1)
-        if i not in self._logits:
-            self._logits[i] = self.head(self.hidden[i] * self.masks[:, i] / (1.0 - self.p))  # [K, d] -> [K, V]
-            self.head_calls += 1
-        return self._logits[i]
+        self.head_calls += 1
+        return self.head(self.hidden[i] * self.masks[:, i] / (1.0 - self.p))  # [K, d] -> [K, V]
 
 
 @register("dropmatch-lazy")
 class LazyDropMatch(DropMatch):
-    """DropMatch with exact shortcuts: the same decisions (see the module docstring).
-
-    Parameters as DropMatch, and prefetch: how many of the first drafted positions' paths ride in
-    the verify's own head call (extra_head_rows); default 1.
-    """
-
-    def __init__(self, p: float = 0.3, paths: int = 5, criterion: str = "js_or_majority", majority: str = "strict",
-                 or_base: bool = True, seed: int | None = None, js_temperature: float = 1.0,
-                 prefetch: int = 1) -> None:
-        if not is_int(prefetch) or prefetch < 0:
-            raise MinispecError(f"dropmatch-lazy prefetch = {prefetch!r}; expected an integer >= 0")
-        self.prefetch = prefetch
-        self._kept = None  # (hidden, masks [K, gamma+1, d], generator state before them, n) from the hook
-        super().__init__(p, paths, criterion, majority, or_base, seed, js_temperature)
-
-    def reset(self, seed: int | None = None) -> None:
-        super().reset(seed)
-        self._kept = None
-
-    def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """Draw this step's masks; return the K rows of the first `prefetch` drafted positions: [K*n, d]."""
-        self._rewind()
-        if self.p == 0:
-            return None
-        state = self._generator.get_state()
-        masks = self.draw_masks(hidden)  # [K, gamma+1, d]
-        n = min(self.prefetch, hidden.shape[0] - 1)  # drafted positions only, not the bonus row
-        self._kept = (hidden, masks, state, n)
-        if n == 0:
-            return None
-        return (hidden[:n] * masks[:, :n] / (1.0 - self.p)).reshape(-1, hidden.shape[-1])  # [K*n, d], path-major
+    """DropMatch with exact shortcuts: the same decisions (see the module docstring); the same
+    parameters."""
 
     def decide(self, inp: VerifyInput) -> Decision:
         hidden, head = head_inputs(inp, self.name)
         gamma = inp.gamma
         clean_tokens = greedy_token(inp.target_logits)  # [gamma+1]
-        paths = self._paths(inp, hidden, head)
+        masks = None if self.p == 0 else self.draw_masks(hidden, inp.target_logits.shape[-1])  # [K, gamma+1, d]
+        paths = DropoutPaths(hidden, masks, self.p, head, inp.target_logits, self.paths)
         base_accepted = self.base_acceptances(inp, clean_tokens)  # [gamma]
         accepted = base_accepted.clone() if self.or_base else torch.zeros_like(base_accepted)  # [gamma]
         for i in range(gamma):
@@ -210,25 +159,3 @@ class LazyDropMatch(DropMatch):
                 draft_probs = inp.q_draft[i].to(path_logits.dtype)  # [V], one-hot for an n-gram drafter
             return js_acceptance(path_logits, centroid_logits, draft_probs, temperature)
         return False
-
-    def _paths(self, inp: VerifyInput, hidden: torch.Tensor, head) -> DropoutPaths:
-        """This step's DropoutPaths, with the hook's masks and prefetched logits when they are for this input."""
-        kept, self._kept = self._kept, None
-        prefetched = None
-        if self.p == 0:
-            masks = None
-        elif kept is not None and kept[0] is hidden:
-            _, masks, _, n = kept
-            if n and inp.extra_logits is not None and inp.extra_logits.shape[0] == self.paths * n:
-                prefetched = inp.extra_logits.view(self.paths, n, -1)  # [K, n, V]
-        else:
-            if kept is not None:  # drawn for another input: draw again from the same point
-                self._generator.set_state(kept[2])
-            masks = self.draw_masks(hidden)  # [K, gamma+1, d]
-        return DropoutPaths(hidden, masks, self.p, head, inp.target_logits, prefetched, self.paths)
-
-    def _rewind(self) -> None:
-        """Give back masks the hook drew for a step that was never decided."""
-        if self._kept is not None:
-            self._generator.set_state(self._kept[2])
-            self._kept = None

@@ -143,16 +143,10 @@ class DropMatch(AcceptancePolicy):
         self.p, self.paths, self.criterion, self.majority = p, paths, criterion, majority
         self.or_base, self.seed, self.js_temperature = or_base, seed, js_temperature
         self._generator = torch.Generator()  # the masks' only source of randomness
+        self._fits = None  # the last (K, rows, d, V) checked to fit in memory
         self.reset()
 
-    def check_sizes(self, rows: int, vocab_size: int, hidden_size: int, device: torch.device) -> None:
-        """K paths x rows: the uniforms and dropped hidden rows [K, rows, d] and their logits and
-        softmax [K, rows, V], float32, must fit in memory."""
-        check_fits(4 * self.paths * rows * (2 * hidden_size + 2 * vocab_size),
-                   f"dropmatch paths={self.paths}: {self.paths} x {rows} rows of logits per verify", device,
-                   "fewer paths (the paper: 5)")
-
-    def reset(self, seed: int | None = None) -> None:
+    def reset(self, seed: int | None = None, gamma: int | None = None) -> None:
         """Reseed the masks: with the policy's own seed if it has one, else the run's (0 if None)."""
         run_seed = self.seed if self.seed is not None else (seed or 0)
         self._generator.manual_seed(mask_seed(run_seed))
@@ -183,12 +177,23 @@ class DropMatch(AcceptancePolicy):
         if self.p == 0:  # every path is the clean head, bitwise
             path_logits = clean_logits.expand(self.paths, -1, -1)  # [K, rows, V], a view
         else:
-            dropped = hidden * self.draw_masks(hidden) / (1.0 - self.p)  # [K, rows, d], inverted dropout
+            dropped = hidden * self.draw_masks(hidden, clean_logits.shape[-1]) / (1.0 - self.p)  # [K, rows, d], inverted dropout
             path_logits = head(dropped.reshape(-1, hidden.shape[1])).view(self.paths, hidden.shape[0], -1)
         return path_logits.to(torch.promote_types(path_logits.dtype, torch.float32))
 
-    def draw_masks(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This step's 0/1 masks m_ki ~ Bernoulli(1-p)^d for every path and position: [K, gamma+1, d]."""
+    def draw_masks(self, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """This step's 0/1 masks m_ki ~ Bernoulli(1-p)^d for every path and position: [K, gamma+1, d].
+
+        Before anything is allocated, K paths x rows must fit: the uniforms and dropped rows
+        [K, rows, d] and the logits and softmax [K, rows, V] in float32 (checked once per shape).
+        """
+        shape = (self.paths, *hidden.shape, vocab_size)
+        if shape != self._fits:
+            rows, hidden_size = hidden.shape
+            check_fits(4 * self.paths * rows * (2 * hidden_size + 2 * vocab_size),
+                       f"dropmatch paths={self.paths}: {self.paths} x {rows} rows of logits per verify",
+                       hidden.device, "fewer paths (the paper: 5)")
+            self._fits = shape
         uniform = torch.rand((self.paths, *hidden.shape), generator=self._generator)  # [K, gamma+1, d]
         return (uniform < 1.0 - self.p).to(hidden.device, hidden.dtype)
 

@@ -122,14 +122,8 @@ class DistortionMeter(AcceptancePolicy):
         twin._original = self._original
         return twin
 
-    def reset(self, seed: int | None = None) -> None:
-        self.policy.reset(seed)
-
-    def check_sizes(self, rows: int, vocab_size: int, hidden_size: int, device: torch.device) -> None:
-        self.policy.check_sizes(rows, vocab_size, hidden_size, device)
-
-    def extra_head_rows(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        return self.policy.extra_head_rows(hidden)
+    def reset(self, seed: int | None = None, gamma: int | None = None) -> None:
+        self.policy.reset(seed, gamma)
 
     def decide(self, inp: VerifyInput) -> Decision:
         decision = self.policy(inp)
