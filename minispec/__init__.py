@@ -11,23 +11,24 @@ Chapter 1, the chain (chain/): draft, verify gamma+1 rows in one pass, decide, r
   acceptance/             base.py: what a policy sees and returns; one rule per file: exact.py,
                           sampling.py, block.py (and traversal's chain form), typical.py, lenience.py,
                           fly.py, ensemble.py, kl_judge.py, dropmatch/ (rule.py: Algorithm 1 as written;
-                          lazy.py: its shortcuts); distortion/: how far each rule's output is from p
+                          lazy.py: its shortcuts)
   model/                  transformer.py and kv_cache.py (the cache that rolls back), config.py,
                           memory.py (every size checked before it is allocated), sampling.py (p and q)
 Chapter 2, trees (trees/, after chapter 1): one pass scores every branch
   trees/tree.py           a draft tree: parents, depths, positions and the ancestors-only mask
   trees/drafters.py       n-gram and model trees (static, or EAGLE-2's dynamic); TreeSpec
-  trees/walks.py          each policy as a walk down the tree, in a registry a policy can join
+  trees/walks/            each policy as a walk down the tree, one rule per file, in a registry
   trees/speculative.py    the loop over trees, generate_tree
 Chapter 3, batches (batch/, after chapter 1): several prompts, each row exactly as if alone
   batch/ragged_cache.py   one cache, a length, positions and a mask per row
   batch/drafters.py       drafting for every row at once
   batch/speculative.py    the loop over a batch, generate_batch
-Above the chapters: decode.py (minispec.generate, the front door that hands a call to a chapter's
-loop), generate/ (the command line: flags.py, run.py, printing.py, trace.py) and testing/ (the
-invariants as a library: check_policy, check_cache, watch_caches).
+Above the chapters: decode.py (minispec.decode.generate, the front door that hands a call to a
+chapter's loop), generate/ (the command line: flags.py, prompts.py, run.py, printing.py, trace.py)
+and testing/ (the invariants as a library: check_policy, check_cache, watch_caches).
 Beside them, the wings: checkpoints/ (a name, folder or hub id to a model and tokenizer; fetch and
 convert GGUF files), kernels/ (the same model made fast on CPU: kernels.apply(model, "fast")).
+The lab (lab/, not for a first reading): what the docs measured, never imported by the reference.
 """
 
 from importlib import import_module

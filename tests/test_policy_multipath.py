@@ -1,5 +1,5 @@
 """Greedy multi-path block verification (minispec/acceptance/multipath.py, its walk multipath_walk in
-minispec/trees/walks.py), float64.
+minispec/trees/walks/multipath.py), float64.
 
 Exactly, on tiny vocabularies and small trees whose siblings are drawn without replacement (the
 tree shapes and tables of test_policy_traversal.py): the output is distributed as the target's;
@@ -198,4 +198,4 @@ def test_multipath_is_a_registered_policy_with_a_tree_form():
 
     policy = get("multipath")
     assert isinstance(policy, MultiPathBlockVerification) and policy.lossless
-    assert walks.walk_for(policy) is walks.multipath_tree
+    assert walks.walk_for(policy) is walks.multipath.multipath_tree

@@ -1,5 +1,5 @@
 """Traversal verification (TraversalVerification in minispec/acceptance/block.py, its walk
-traversal_walk in minispec/trees/walks.py), float64.
+traversal_walk in minispec/trees/walks/traversal.py), float64.
 
 Exactly, on tiny vocabularies and small trees whose siblings are drawn without replacement: the
 output is distributed as the target's, and the expected number of accepted tokens is never

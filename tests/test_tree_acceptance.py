@@ -1,4 +1,4 @@
-"""Acceptance over draft trees (minispec/trees/walks.py), float64.
+"""Acceptance over draft trees (minispec/trees/walks/), float64.
 
 On a width-1 tree each walk is its chain policy, draw for draw; greedy_walk against a brute-force
 walk down the target's argmax chain; typical_walk's acceptances against the rule written out

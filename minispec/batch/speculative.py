@@ -46,7 +46,7 @@ from minispec.chain.draft_length import DraftLength
 from minispec.chain.drafters import Draft
 from minispec.errors import MinispecError
 from minispec.chain.loop import (GenerationResult, StopCondition, check_eos, check_prompt, check_seed, commit, finish_reason,
-                           PhaseTimer, refuse, verify_input)
+                           PhaseTimer, verify_input)
 from minispec.model.transformer import Transformer
 from minispec.batch.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
 from minispec.model.sampling import SamplingParams, next_token
@@ -121,12 +121,11 @@ def generate_batch(
     stop_when: StopCondition | None = None,
     batch_size: int | None = None,
     on_finish: FinishCallback | None = None,
-    tree=None,
-    on_step=None,
 ) -> BatchResult:
     """Generate after each of `prompts` (lists of token ids, any lengths); one result per prompt.
 
-    The arguments are `minispec.generate`'s, applied to every row, plus:
+    The arguments are the chain's (minispec.chain.speculative.generate_chain) but on_step, applied to
+    every row, plus:
     seed: one int (every row uses it: row r gives what generate(prompts[r], seed=seed) gives) or
       one seed per prompt.
     batch_size: the most rows decoded together; the prompts run in consecutive groups of that
@@ -135,11 +134,9 @@ def generate_batch(
     on_finish(prompt_index, result): called once per prompt, when its row finishes.
     stop_when(tokens): checked for each row after each of its new tokens.
     draft: None, a spec string, a model, a Drafter (copied per row unless it is a plain model
-      drafter, which is batched) or a BatchDrafter. Trees and on_step are not batched: anything
-      but None is a one-line error.
+      drafter, which is batched) or a BatchDrafter.
     A mistake in one prompt raises a MinispecError whose prompt_index says which (from 0).
     """
-    refuse("with several prompts (a batch decodes chains)", tree=tree, on_step=on_step)
     prompts = check_prompts(target, prompts, max_new_tokens)
     seeds = check_seeds(seed, len(prompts))
     batch_size = len(prompts) if batch_size is None else positive_int(batch_size, "batch_size")

@@ -4,9 +4,8 @@
     loop.py          what every loop shares (results, checks, prefill, commit); trees and batches use it
     stats.py         tau, acceptance and timings, defined once
     drafters.py      the drafter interface and its kinds: a model, a lower-precision self, early exit, n-grams
-    draft_length.py  how many to draft at each step (fixed, adaptive, priced by the CPU's costs, or none
-                     once speculation loses)
-    pacing.py        a stream in fixed chunks at a fixed cadence: the accepted counts hidden from the client
+    draft_length.py  how many to draft at each step (fixed or adaptive; the lab's priced and fallback
+                     schedules plug in the same way)
 
 It builds on model/ and acceptance/. The tree and batch chapters build on it, never on speculative.py.
 """

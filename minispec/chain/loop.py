@@ -140,13 +140,6 @@ def check_eos(target: Transformer, eos_token_ids) -> set[int]:
     return {int(t) for t in ids}
 
 
-def refuse(chapter: str, **given) -> None:
-    """A one-line error for an argument `chapter` cannot apply (given: name -> value; None = not given)."""
-    for name, value in given.items():
-        if value is not None:
-            raise MinispecError(f"{name}: not available {chapter}; expected {name}=None")
-
-
 # ---------------------------------------------------------------- the steps
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from minispec.cli import in_flags
 from minispec.errors import MinispecError
 from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, NOT_A_DRAFT_MODEL, GenerateArgs, check_flags
+from minispec.generate.prompts import encode, prompt_lines, read_prompt
 from minispec.generate.printing import Printer, StopStrings, decoded_text, print_prompt_text, use_colour
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
     """One prompt: streamed as it is decoded (or traced step by step, or kept for --json)."""
     from minispec.decode import generate
 
-    prompt_ids = progress.prompt_ids = _prompt_ids(args, tokenizer)
+    prompt_ids = progress.prompt_ids = read_prompt(args, tokenizer)
     policy = _policy(args, model, prompt_ids, tokenizer)  # before the kernels: p=auto calibrates the reference
     ran = _apply_kernels(args, model, drafter, ckpt)
     stop = progress.stop = StopStrings(tokenizer, args.stop) if args.stop else None
@@ -238,8 +239,8 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
     """--batch-size N: every line of --prompt-file a prompt, N decoded together (minispec.batch.speculative)."""
     from minispec.batch.speculative import generate_batch
 
-    lines = _prompt_lines(args)
-    prompts = [_encode(args, tokenizer, text, f"--prompt-file {args.prompt_file} line {number}")
+    lines = prompt_lines(args)
+    prompts = [encode(args, tokenizer, text, f"--prompt-file {args.prompt_file} line {number}")
                for number, text in lines]
     seeds = [args.seed + i for i in range(len(prompts))]  # prompt i: what it gives alone with --seed + i
     if seeds[-1] >= 2**64:
@@ -275,16 +276,6 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
     return {"results": results, "stats": stats}
 
 
-def _prompt_lines(args: GenerateArgs) -> list[tuple[int, str]]:
-    """--prompt-file with --batch-size: (line number from 1, text) of every line that is not blank."""
-    lines = [(number, line) for number, line in enumerate(split_lines(_read_prompt_file(args)), start=1)
-             if line.strip()]
-    if not lines:
-        raise MinispecError(f"--prompt-file {args.prompt_file}: no prompts (every line is blank); expected one "
-                            "prompt per line with --batch-size")
-    return lines
-
-
 SMALLEST_TOKENIZER_SHARE = 0.9  # of the embedding's rows: padding adds a few percent at most (Qwen2: 0.2%)
 
 
@@ -301,29 +292,6 @@ def check_tokenizer_fits(tokenizer, model, ckpt) -> None:
         raise MinispecError(f"--ckpt {ckpt}: tokenizer.json has {tokens} tokens for config.json's vocab_size {rows} "
                             f"({tokens / rows:.1%} of the embedding's rows): another model's tokenizer; expected the "
                             "tokenizer the model was trained with (padding adds a few percent of rows at most)")
-
-
-def split_lines(text: str) -> list[str]:
-    """A prompt file's lines: split at "\n" (a "\r\n" ending counts as one), and at nothing else.
-    (str.splitlines would also split at U+2028, U+0085, form feeds and lone "\r": characters a
-    prompt may hold.)"""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the newline that ends the last line
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def decode_utf8(data: bytes, what: str) -> str:
-    """UTF-8 bytes as text, a leading byte-order mark dropped (editors write one; it is no part of the
-    prompt); a bad byte is a one-line error naming its line and column."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise MinispecError(f"{what}: line {line}, column {column} (byte {err.start}): byte "
-                            f"0x{data[err.start]:02x} is not UTF-8 ({err.reason}); expected UTF-8 text") from None
-    return text.removeprefix("\ufeff")
 
 
 def _device(name: str) -> torch.device:
@@ -354,64 +322,6 @@ def _drafter(args: GenerateArgs, model, tokenizer):
 
         frequent_head.apply(drafter.model, args.draft_vocab, tokenizer.added_token_ids)
     return drafter
-
-
-def _prompt_ids(args: GenerateArgs, tokenizer) -> list[int]:
-    """The prompt's token ids: the text from --prompt, --prompt-file or stdin (as UTF-8), encoded by _encode."""
-    where = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
-    return _encode(args, tokenizer, args.prompt if args.prompt_file is None else _read_prompt_file(args), where)
-
-
-def _read_prompt_file(args: GenerateArgs) -> str:
-    """--prompt-file's text, as UTF-8 ('-': stdin)."""
-    if str(args.prompt_file) == "-":
-        return _read_stdin()
-    from minispec.cli import read_all
-
-    if Path(args.prompt_file).is_dir():
-        raise MinispecError(f"--prompt-file {args.prompt_file}: a folder; expected a UTF-8 text file")
-    try:
-        with open(args.prompt_file, "rb") as f:
-            data = read_all(f)
-    except OSError as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise MinispecError(f"--prompt-file {args.prompt_file}: cannot be read ({reason}); "
-                            "expected a UTF-8 text file") from None
-    return decode_utf8(data, f"--prompt-file {args.prompt_file}")
-
-
-def _encode(args: GenerateArgs, tokenizer, prompt: str, where: str) -> list[int]:
-    """A prompt's token ids: in the chat template unless --raw (or the checkpoint has none).
-    --system "" is an empty system message. A prompt of no tokens is one line naming `where` (the flag)."""
-    chat = bool(tokenizer.chat_template) if args.chat is None else args.chat
-    if not chat:
-        if args.system is not None:
-            raise MinispecError(f"--system: a chat-template message, but {tokenizer.source} has no chat template; "
-                                "expected a chat checkpoint")
-        ids = tokenizer.encode(prompt)
-    else:
-        system = [] if args.system is None else [{"role": "system", "content": args.system}]
-        ids = tokenizer.apply_chat_template([*system, {"role": "user", "content": prompt}])
-    if not ids:
-        raise MinispecError(f"{where}: {prompt!r} is no tokens{' with --raw' if args.chat is False else ''}; "
-                            "expected a prompt with some text")
-    return ids
-
-
-def _read_stdin() -> str:
-    """--prompt-file -: stdin's bytes decoded as UTF-8, whatever the locale's encoding and error handler.
-    A closed stdin (no descriptor 0: sys.stdin is None, or a closed stream) is one line."""
-    if sys.stdin is None or getattr(sys.stdin, "closed", False):
-        raise MinispecError("--prompt-file -: standard input is closed; expected the prompts on stdin (a pipe or a "
-                            "file), or --prompt-file FILE")
-    stream = getattr(sys.stdin, "buffer", None)
-    if stream is None:  # a text stream without bytes underneath (a test's StringIO)
-        from minispec.checkpoints.tokenizer import check_text
-
-        return check_text(sys.stdin.read(), "--prompt-file - (stdin)")
-    from minispec.cli import read_all
-
-    return decode_utf8(read_all(stream), "--prompt-file - (stdin)")
 
 
 def _policy(args: GenerateArgs, model=None, prompt_ids: list[int] | None = None, tokenizer=None):

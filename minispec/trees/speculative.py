@@ -45,8 +45,7 @@ from minispec.trees.walks import TreeDecision, TreeInput, walk_for
 from minispec.checks import check_gamma, is_int
 from minispec.errors import MinispecError
 from minispec.chain.loop import (GenerationResult, PhaseTimer, StopCondition, TokenCallback, check_request, commit,
-                           first_token,
-                           refuse)
+                           first_token)
 from minispec.model.memory import check_fits, kv_cache_bytes, verify_bytes
 from minispec.model.transformer import Transformer
 from minispec.model.sampling import SamplingParams
@@ -74,8 +73,6 @@ def generate_tree(
     eos_token_ids: Sequence[int] | None = None,
     on_tokens: TokenCallback | None = None,
     stop_when: StopCondition | None = None,
-    draft_length: str = "fixed",
-    on_step=None,
 ) -> GenerationResult:
     """Tree-speculative decoding: draft a tree, verify it in one pass, walk it with the policy.
 
@@ -87,10 +84,9 @@ def generate_tree(
     policy: a policy with a tree walk (minispec.trees.walks.walk_for), or None: the greedy
       walk at T = 0 (output = plain greedy decoding), multi-draft speculative sampling at T > 0
       (output distributed as sampling from the target: minispec.trees.walks.sampling_walk).
-    draft_length and on_step are a chain's only: anything but their defaults is a one-line error.
     Randomness: one torch.Generator seeded with `seed` (the draft's draws and the walk's coins)
     and the policy's own (DropMatch's masks, reset(seed)).
-    Stats: the chain loop's (StepStats: a step's "drafted" is its tree's depth, the most it
+    Stats: the chain loop's (minispec.chain.stats: a step's "drafted" is its tree's depth, the most it
     could accept), and nodes_per_step, accepted_depth_histogram (over all steps).
     """
     if is_int(tree):
@@ -100,9 +96,6 @@ def generate_tree(
     if draft is None:
         raise MinispecError("tree: a tree needs a draft; expected draft='ngram', 'early-exit:N', 'self:int8', "
                             "a draft model or a tree drafter")
-    if draft_length != "fixed":
-        raise MinispecError(f"draft_length = {draft_length!r} with a tree; expected 'fixed' (a tree's depth is gamma)")
-    refuse("with a tree (it records a chain step)", on_step=on_step)
     max_depth = check_gamma(gamma)
     prompt, params, generator, eos = check_request(target, prompt_ids, max_new_tokens, temperature, top_k, top_p,
                                                    seed, eos_token_ids)
