@@ -24,8 +24,9 @@ Chapter 3, batches (batch/, after chapter 1): several prompts, each row exactly 
   batch/drafters.py       drafting for every row at once
   batch/speculative.py    the loop over a batch, generate_batch
 Above the chapters: decode.py (minispec.decode.generate, the front door that hands a call to a
-chapter's loop), generate/ (the command line: flags.py, prompts.py, run.py, printing.py, trace.py)
-and testing/ (the invariants as a library: check_policy, check_cache, watch_caches).
+chapter's loop), generate/ (the command line: flags.py, policy_spec.py, prompts.py, run.py,
+printing.py, trace.py) and testing/ (the invariants as a library: check_policy, check_cache,
+watch_caches).
 Beside them, the wings: checkpoints/ (a name, folder or hub id to a model and tokenizer; fetch and
 convert GGUF files), kernels/ (the same model made fast on CPU: kernels.apply(model, "fast")).
 The lab (lab/, not for a first reading): what the docs measured, never imported by the reference.

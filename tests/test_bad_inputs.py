@@ -497,7 +497,6 @@ ROWS: list[Row] = [
         "a number"),
     cli("policy-option-not-key-value", f"{G} --draft ngram --policy typical:eps", 2, "--policy", "key=value"),
     cli("policy-option-twice", f"{G} --draft ngram --policy typical:eps=0.1,eps=0.2", 2, "'eps'", "twice"),
-    cli("policy-removed-shorthand-flag", f"{G} --draft ngram --policy dropmatch --paths 4", 2, "--paths"),
     cli("policy-cli-option-out-of-range", f"{G} --draft ngram --policy typical:eps=2", 2, "--policy typical", "eps = 2"),
     cli("policy-options-without-draft", f"{G} --policy typical:eps=0.1", 2, "--policy", "--draft"),
     cli("policy-option-fly-window", f"{G} --draft ngram --policy fly:window_size=5", 2,

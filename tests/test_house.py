@@ -209,3 +209,21 @@ def test_minispec_generate_is_the_command_line_and_the_front_door_is_minispec_de
     for first in ("import minispec.generate", "import minispec.decode", "import minispec"):
         proc = subprocess.run([sys.executable, "-c", f"{first}\n{code}"], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr
+
+
+def test_one_speculative_step_reads_in_a_few_files():
+    """The step a learner follows (draft, verify, decide, roll back, commit: scripts/tooling/step_lines.py
+    traces the package functions it runs) stays short: at most 5 files and 160 lines of function
+    bodies outside the model's own files, with the sampling rule and a draft model. A hook or a
+    branch for one policy put back into the step shows here first."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts" / "tooling"))
+    import step_lines
+
+    traced = step_lines.traced_step_functions("sampling", "model")
+    counted = {(path, line) for path, line, _ in traced if path.parent.name != "model"}
+    files = {path for path, _ in counted}
+    lines = sum(step_lines.body_lines(path, line) for path, line in counted)
+    assert PACKAGE / "chain" / "speculative.py" in files and len(files) <= 5, sorted(files)
+    assert 100 <= lines <= 160, lines  # a trace that missed the step would count far fewer

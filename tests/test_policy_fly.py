@@ -124,3 +124,28 @@ def test_a_bad_option_is_one_line_naming_it(options, field):
         FLy(**options)
     with pytest.raises(MinispecError, match=f"fly {field}"):
         get("fly", **options)
+
+
+@pytest.mark.parametrize("loop", ["chain", "batch"])  # FLy has no tree form
+@pytest.mark.parametrize("window, gamma, max_new_tokens, refused", [
+    (4, 4, 20, True), (3, 4, 20, False), (0, 1, 3, False), (2, 8, 4, True), (2, 8, 5, False)])
+def test_a_window_no_step_can_hold_is_refused_before_the_first_step(loop, window, gamma, max_new_tokens, refused):
+    """FLy defers a rejection only when the W drafts after it are in the same step: a run whose steps
+    hold at most min(gamma, max_new_tokens - 2) drafts refuses W >= that, in
+    one line naming the window, before anything runs; W = 0 (the gate alone) always runs."""
+    from minispec.decode import generate
+    from minispec.errors import MinispecError
+    from minispec.testing import random_model, tiny_config
+
+    target = random_model(tiny_config(), 0)
+    calls = []
+    prompt = [[1, 2], [3]] if loop == "batch" else [1, 2]
+    options = dict(max_new_tokens=max_new_tokens, draft="ngram", gamma=gamma, temperature=1.0,
+                   policy=FLy(window_size=window), on_tokens=lambda *a: calls.append(a))
+    most = min(gamma, max_new_tokens - 2)
+    if refused and window >= most:
+        with pytest.raises(MinispecError, match=rf"^fly window_size = {window}: .* at most {most} "):
+            generate(target, prompt, **options)
+        assert calls == []
+    else:
+        generate(target, prompt, **options)

@@ -19,9 +19,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from minispec.acceptance import BlockVerification, TraversalVerification, VerifyInput
-from minispec.trees import walks as trees
+from minispec.trees.walks import traversal as trees  # the traversal walk and its tree form
 from minispec.acceptance.sampling import acceptance_probability, residual_distribution
-from minispec.trees.walks import children_by_row, greedy_walk, traversal_walk, traverse
+from minispec.trees.walks import children_by_row, greedy_walk, sampling_walk, traversal_walk, traverse
 from minispec.model.sampling import SamplingParams, logits_to_probs
 from minispec.testing import seeds
 from minispec.testing.checks import P_VALUE_FLOOR
@@ -109,7 +109,7 @@ class _Branch(Exception):
 
 
 def token_level(tree: DraftTree, p_rows: torch.Tensor):
-    """Token-level tree verification (trees.sampling_walk's rule) as a walk with tests:
+    """Token-level tree verification (sampling_walk's rule) as a walk with tests:
     recursive rejection over the siblings, down from the root."""
     children = children_by_row(tree)
 

@@ -18,7 +18,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from minispec.acceptance import ExactMatch, PolicyInputError, SpeculativeSampling, TypicalAcceptance, VerifyInput
-from minispec.trees import walks as trees
+from minispec.trees.walks import sampling as trees  # the sampling walk and the rule functions it calls
 from minispec.trees.walks import greedy_walk, sampling_walk, typical_walk
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams, logits_to_probs, sample_token

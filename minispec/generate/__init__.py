@@ -18,6 +18,7 @@ text is printed under a header once it and every prompt before it are done (with
 object with a result per prompt and the pooled stats).
 
     flags.py      every flag with its help and default, and the rules on which flags go together
+    policy_spec.py  --policy NAME[:key=value,...]: the policy and its typed options
     prompts.py    the prompt text or file, read and encoded (chat template unless --raw)
     run.py        loading, then one prompt or several; what Ctrl-C still reports
     printing.py   streaming (stop strings, colour), a batch's texts, the stats lines

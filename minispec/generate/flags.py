@@ -16,6 +16,7 @@ from pathlib import Path
 
 from minispec.cli import Parser, given_flags, nonempty, ranged
 from minispec.errors import MinispecError
+from minispec.generate.policy_spec import policy_spec
 
 # The CLI imports torch (and everything that imports it) inside the functions that need it, so
 # that `python -m minispec.generate` is inside run_main within milliseconds: a Ctrl-C while torch
@@ -23,7 +24,6 @@ from minispec.errors import MinispecError
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float64": "float64", "fp64": "float64", "auto": "auto"}  # --dtype -> the torch dtype's name
 PROG = "minispec.generate"
-DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")  # their p may be auto (or auto:LEVEL): calibrated per prompt
 API_FLAGS = {  # the library's argument names -> the flag that sets each (minispec.cli.in_flags)
     "draft": "--draft", "p_min": "--draft-p-min", "dtype": "--dtype", "device": "--device", "kind": "--kernels",
     "checkpoint": "--ckpt", "draft_length": "--draft-length", "gamma": "--gamma", "tree": "--tree",
@@ -280,71 +280,6 @@ def parse_args(argv: list[str] | None = None) -> GenerateArgs:
     ns.stop = tuple(ns.stop)
     ns.policy, ns.policy_options = policy_spec(ns.policy)
     return GenerateArgs(**vars(ns), given=given_flags(parser, argv))
-
-
-def policy_spec(text: str) -> tuple[str, dict]:
-    """--policy NAME[:key=value,...] -> (NAME, {key: value}), each value converted to the type of the
-    registered policy's constructor parameter (its default's type, else its annotation): bool from
-    true/false, int, float, str; None from none. Unknown names and options are one line each."""
-    from minispec import acceptance
-    from minispec.acceptance.base import constructor_options
-
-    name, colon, rest = text.partition(":")
-    if name not in acceptance.available():
-        raise MinispecError(f"--policy {name!r}: unknown acceptance policy; expected a registered name (minispec's "
-                            f"own: {', '.join(acceptance.BUILT_IN)})")
-    if colon and not rest:
-        raise MinispecError(f"--policy {text!r}: expected key=value after the colon, or no colon")
-    parameters = constructor_options(name)
-    options = {}
-    for item in rest.split(",") if rest else []:
-        key, equals, value = item.partition("=")
-        key = key.strip()
-        if not equals or not key:
-            raise MinispecError(f"--policy {text!r}: {item!r} is not key=value")
-        if key not in parameters:
-            expected = f"its options are {sorted(parameters)}" if parameters else "it takes no options"
-            raise MinispecError(f"--policy {name}: unknown option {key!r}; {expected}")
-        if key in options:
-            raise MinispecError(f"--policy {name}: option {key!r} given twice")
-        if name in DROPMATCH_POLICIES and key == "p" and value.strip().partition(":")[0] == "auto":
-            options[key] = auto_level(value.strip())
-        else:
-            options[key] = option_value(name, key, value.strip(), parameters[key])
-    return name, options
-
-
-def auto_level(text: str) -> tuple[str, float]:
-    """DropMatch's p=auto[:LEVEL] -> ("auto", LEVEL): the share of positions where all K heads keep the
-    clean argmax, in (0, 1] (default minispec.lab.dropout_calibration.DEFAULT_LEVEL)."""
-    from minispec.lab.dropout_calibration import DEFAULT_LEVEL
-
-    _, colon, level = text.partition(":")
-    try:
-        value = float(level) if colon else DEFAULT_LEVEL
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:  # also nan
-        raise MinispecError(f"--policy dropmatch: p = {text!r}; expected a number in [0, 1), auto, or auto:LEVEL with "
-                            "LEVEL in (0, 1] (the share of positions where every head keeps the clean argmax)")
-    return "auto", value
-
-
-def option_value(policy: str, key: str, text: str, kind: type | None):
-    """One --policy option's text as `kind` (bool, int, float or str; None: a number if it reads as one)."""
-    if text.lower() == "none":
-        return None
-    if kind is bool:
-        if text.lower() in ("true", "yes", "1", "false", "no", "0"):
-            return text.lower() in ("true", "yes", "1")
-        raise MinispecError(f"--policy {policy}: {key} = {text!r}; expected true or false")
-    for number in ((int,) if kind is int else (float,) if kind is float else (int, float) if kind is None else ()):
-        try:
-            return number(text)
-        except ValueError:
-            if kind is not None:
-                raise MinispecError(f"--policy {policy}: {key} = {text!r}; expected {'an integer' if kind is int else 'a number'}") from None
-    return text
 
 
 def check_flags(args: GenerateArgs) -> None:

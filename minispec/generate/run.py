@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from minispec.cli import in_flags
 from minispec.errors import MinispecError
-from minispec.generate.flags import DROPMATCH_POLICIES, DTYPES, NOT_A_DRAFT_MODEL, GenerateArgs, check_flags
+from minispec.generate.flags import DTYPES, NOT_A_DRAFT_MODEL, GenerateArgs, check_flags
+from minispec.generate.policy_spec import DROPMATCH_POLICIES
 from minispec.generate.prompts import encode, prompt_lines, read_prompt
 from minispec.generate.printing import Printer, StopStrings, decoded_text, print_prompt_text, use_colour
 

@@ -128,10 +128,12 @@ def break_even(model, tokenizer, text: str, drafter, gamma: int, max_new: int, e
 def evaluate(model, tokenizer, text: str, drafter, policies: dict, gamma: int, max_new: int, eos,
              tau_star: float) -> dict:
     """Plain, every policy ({label: policy}) and the exact policy with the fallback on one prompt text."""
+    from minispec.lab.draft_length import Fallback
+
     plain = greedy_run(model, tokenizer, text, None, "exact", gamma, max_new, eos)
     rows = {"plain": {"tps": plain.stats["tokens_per_second"], "tau": 1.0, "same_as_greedy": True}}
     configs = [(label, p, "fixed") for label, p in policies.items()] + \
-        [("exact+fallback", "exact", f"fallback:{tau_star:.3f}")]
+        [("exact+fallback", "exact", Fallback(gamma, round(tau_star, 3)))]
     for label, policy, length in configs:
         out = greedy_run(model, tokenizer, text, drafter, policy, gamma, max_new, eos, draft_length=length)
         rows[label] = {"tps": out.stats["tokens_per_second"], "tau": out.stats["tau"],
@@ -189,7 +191,7 @@ def built_policies(text: str) -> dict:
     """--policies: {spec: policy object}, each spec parsed as --policy parses it."""
     from minispec import acceptance
     from minispec.errors import MinispecError
-    from minispec.generate.flags import policy_spec
+    from minispec.generate.policy_spec import policy_spec
 
     built = {}
     for spec in dict.fromkeys(p.strip() for p in text.split(",") if p.strip()):
