@@ -5,7 +5,7 @@ its docstring gives the math.
 
 Chapter 1, the chain (chain/): draft, verify gamma+1 rows in one pass, decide, roll back
   chain/speculative.py    the loop, generate_chain: read it first
-  chain/loop.py, stats.py what every loop shares (results, checks, commit); tau and the rest, defined once
+  chain/request.py, stats.py a call's results, callbacks and checks; tau and the rest, defined once
   chain/drafters.py       the drafter interface and its kinds; draft_length.py: how many to draft
   lab/pacing.py         a stream in fixed chunks at a fixed cadence: the accepted counts hidden
   acceptance/             base.py: what a policy sees and returns; one rule per file: exact.py,

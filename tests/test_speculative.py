@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from minispec import acceptance
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.chain.drafters import NgramDrafter, make_drafter
-from minispec.chain.loop import StepRecord
+from minispec.chain.request import StepRecord
 from minispec.chain.speculative import generate_chain as generate
 from minispec.testing import loop_setups, random_model, tiny_config
 from minispec.testing.cache_watch import watch_caches

@@ -45,8 +45,8 @@ from minispec.checks import check_gamma, is_int, positive_int
 from minispec.chain.draft_length import DraftLength
 from minispec.chain.drafters import Draft
 from minispec.errors import MinispecError
-from minispec.chain.loop import (GenerationResult, StopCondition, check_eos, check_prompt, check_seed, commit, finish_reason,
-                           PhaseTimer, verify_input)
+from minispec.chain.request import GenerationResult, StopCondition, check_eos, check_prompt, check_seed
+from minispec.chain.speculative import PhaseTimer, commit, finish_reason, verify_input
 from minispec.model.transformer import Transformer
 from minispec.batch.ragged_cache import PAD_ID, RaggedKVCache, feed_ragged
 from minispec.model.sampling import SamplingParams, next_token

@@ -17,30 +17,120 @@ Speculative decoding (Leviathan et al. 2022; Chen et al. 2023) replaces the repe
 A target pass over g+1 tokens costs about as much as over 1 when decoding is memory-bound
 (the weights are read once either way), so every accepted draft is a token for free.
 
-This file is chapter 1's loop: speculative_decode (the loop), plain_decode (the baseline) and
-generate_chain (one prompt: checks, then one of the two). What every loop shares (results, checks,
-prefill, commit, counting) is minispec.chain.loop; trees and batches are chapters of their own, and
-minispec.decode.generate is the front door that hands a call to the right one.
+This file is chapter 1's loop: the parts of a step (prefill, verify_input, commit; the trees and
+batches reuse them), speculative_decode (the loop), plain_decode (the baseline) and generate_chain
+(one prompt: checks, then one of the two). A call's results, callbacks and checks are
+minispec.chain.request; the figures, minispec.chain.stats; trees and batches are chapters of their
+own, and minispec.decode.generate is the front door that hands a call to the right one.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import torch
 
 from minispec import acceptance
 from minispec.chain import draft_length as draft_lengths
-from minispec.acceptance.base import AcceptancePolicy
+from minispec.acceptance.base import AcceptancePolicy, VerifyInput
 from minispec.checks import check_gamma
 from minispec.chain.draft_length import DraftLength
 from minispec.chain.drafters import Draft, Drafter, make_drafter
-from minispec.chain.loop import (GenerationResult, PhaseTimer, StepRecord, StopCondition, TokenCallback, check_request,
-                           commit, finish_reason, first_token, prefill, verify_input)
+from minispec.chain.request import GenerationResult, StepRecord, StopCondition, TokenCallback, check_request
 from minispec.model.transformer import Transformer
-from minispec.model.sampling import next_token
+from minispec.model.sampling import SamplingParams, logits_to_probs, next_token
 from minispec.chain.stats import run_stats
+
+
+# ---------------------------------------------------------------- the parts of a step
+
+
+class PhaseTimer:
+    """Wall time per phase of a step: `with timer("draft"): ...`; `totals` maps phase -> seconds."""
+
+    def __init__(self, *phases: str) -> None:
+        self.totals = {phase: 0.0 for phase in phases}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.totals[phase] += time.perf_counter() - start
+
+
+def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
+    """Feed the prompt into the cache; the logits after its last token: [V].
+
+    Only the last row goes through the LM head: the other rows' logits are never used.
+    """
+    hidden = target.forward_hidden(torch.tensor([prompt], device=target.device), cache)  # [1, P, d]
+    return target.head(hidden[0, -1])
+
+
+def first_token(target: Transformer, prompt: list[int], cache, params: SamplingParams, generator: torch.Generator,
+                eos: set[int], max_new_tokens: int, stop_when: StopCondition | None,
+                on_tokens: TokenCallback | None) -> tuple[list[int], str | None, float]:
+    """Prefill, then the first new token from the prompt's last row, exactly as plain decoding
+    picks it (and streams it): (tokens so far, the finish reason or None, the prefill's seconds)."""
+    start = time.perf_counter()
+    logits = prefill(target, prompt, cache)  # [V]
+    prefill_seconds = time.perf_counter() - start
+    tokens = [next_token(logits, params, generator)]
+    if on_tokens is not None:
+        on_tokens(tokens[:], 0, 0)
+    return tokens, finish_reason(tokens, eos, max_new_tokens, stop_when), prefill_seconds
+
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def verify_input(draft: Draft, target_logits: torch.Tensor, hidden: torch.Tensor,
+                 head: Callable[[torch.Tensor], torch.Tensor], params: SamplingParams,
+                 generator: torch.Generator) -> VerifyInput:
+    """What a policy sees after a verify pass of g+1 rows: target_logits [g+1, V] (low precision
+    upcast to float32), p_target = post-processed target_logits, and the draft on the same device."""
+    target_logits = target_logits.float() if target_logits.dtype in LOW_PRECISION else target_logits
+    p_target = logits_to_probs(target_logits, params)  # [g+1, V]
+    return VerifyInput(
+        draft_tokens=torch.tensor(draft.tokens, dtype=torch.long, device=p_target.device),
+        q_draft=draft.q_draft.to(p_target.device, p_target.dtype),  # an n-gram's one-hot rows live on the CPU
+        target_logits=target_logits,
+        p_target=p_target,
+        params=params,
+        generator=generator,
+        draft_logits=None if draft.logits is None else draft.logits.to(target_logits.device, target_logits.dtype),
+        hidden=hidden,
+        head=head,
+    )
+
+
+def finish_reason(tokens: list[int], eos: set[int], max_new_tokens: int,
+                  stop_when: StopCondition | None) -> str | None:
+    """Whether the generation ends after its last token, and why: "eos", "stop", "length" or None."""
+    if tokens[-1] in eos:
+        return "eos"
+    if stop_when is not None and stop_when(tokens):
+        return "stop"
+    return "length" if len(tokens) >= max_new_tokens else None
+
+
+def commit(tokens: list[int], emitted: list[int], eos: set[int], max_new_tokens: int,
+           stop_when: StopCondition | None) -> tuple[list[int], str | None]:
+    """Append a step's tokens one at a time, stopping at the first eos, stop condition or
+    max_new_tokens, even in the middle of an accepted run. Returns (what was committed, the
+    finish reason or None)."""
+    num_before, reason = len(tokens), None
+    for token in emitted:
+        tokens.append(token)
+        reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
+        if reason is not None:
+            break
+    return tokens[num_before:], reason
+
+
+# ---------------------------------------------------------------- the loops
 
 
 def speculative_decode(target, drafter, policy, gamma, prompt, max_new_tokens, params, generator, eos,

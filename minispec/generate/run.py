@@ -345,7 +345,7 @@ def _policy(args: GenerateArgs, model=None, prompt_ids: list[int] | None = None,
 def calibrated_p(args: GenerateArgs, model, prompt_ids: list[int], tokenizer, paths: int, level: float) -> float:
     """p=auto: the dropout rate whose K heads all keep the clean argmax at `level` of the positions of
     the target's own first CALIBRATION_TOKENS greedy tokens after this prompt."""
-    from minispec.chain.loop import check_prompt
+    from minispec.chain.request import check_prompt
     from minispec.chain.speculative import generate_chain
     from minispec.lab.dropout_calibration import CALIBRATION_TOKENS, auto_dropout_p
 

@@ -1,6 +1,6 @@
 """A worked trace of the draft-then-verify loop: every step printed as it happens (`--trace`).
 
-For each verify step (a `minispec.chain.loop.StepRecord`) it prints what the loop in
+For each verify step (a `minispec.chain.request.StepRecord`) it prints what the loop in
 speculative.py did, with the real numbers:
 
     step 2: context 51 tokens, drafter ngram:3 proposed 3
@@ -28,7 +28,7 @@ from typing import TextIO
 
 import torch
 
-from minispec.chain.loop import StepRecord
+from minispec.chain.request import StepRecord
 
 
 class Tracer:

@@ -44,8 +44,8 @@ from minispec.acceptance import AcceptancePolicy, ExactMatch, SpeculativeSamplin
 from minispec.trees.walks import TreeDecision, TreeInput, walk_for
 from minispec.checks import check_gamma, is_int
 from minispec.errors import MinispecError
-from minispec.chain.loop import (GenerationResult, PhaseTimer, StopCondition, TokenCallback, check_request, commit,
-                           first_token)
+from minispec.chain.request import GenerationResult, StopCondition, TokenCallback, check_request
+from minispec.chain.speculative import PhaseTimer, commit, first_token
 from minispec.model.memory import check_fits, kv_cache_bytes, verify_bytes
 from minispec.model.transformer import Transformer
 from minispec.model.sampling import SamplingParams

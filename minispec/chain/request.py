@@ -1,24 +1,20 @@
-"""What every decoding loop shares: its results and callbacks, its input checks, and its steps.
+"""What a decoding call gives and gets: its results and callbacks, and its input checks.
 
 The chain (minispec.chain.speculative), the tree (minispec.trees.speculative) and the batch
-(minispec.batch.speculative) loops all run the same skeleton, and this module holds its common parts so that
-each chapter imports them from here and never from another chapter:
+(minispec.batch.speculative) loops take the same request and return the same result:
 
     check:    prompt, params, generator, eos = check_request(...)    one-line errors, then the run's state
-    prefill:  tokens, reason, seconds = first_token(target, prompt, cache, ...)   the prompt, its first token
-    verify:   inp = verify_input(draft, target_logits, ...)            what a chain policy sees
-    commit:   emitted, reason = commit(tokens, emitted, eos, ...)      token by token, up to the first end
-    time:     with timer("verify"): ...                                  a PhaseTimer per phase of a step
+    result:   GenerationResult(tokens, stats)                          stats: minispec.chain.stats.run_stats
+    stream:   on_tokens(tokens, num_accepted, num_proposed)            a TokenCallback, as tokens are known
+    stop:     stop_when(tokens) -> bool                                a StopCondition, after every token
 
-and the run ends with minispec.chain.stats.run_stats. A loop's invariant (the target cache holds every
-committed token but the last) is each chapter's own and is stated there.
+The parts of a step that the loops share (prefill, verify_input, commit) are chapter 1's,
+minispec.chain.speculative.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,10 +22,9 @@ import torch
 
 from minispec.acceptance.base import Decision, VerifyInput
 from minispec.checks import is_int, positive_int
-from minispec.chain.drafters import Draft
 from minispec.errors import CacheOverflowError, MinispecError
 from minispec.model.transformer import Transformer
-from minispec.model.sampling import SamplingParams, logits_to_probs, next_token
+from minispec.model.sampling import SamplingParams
 
 # Called with each batch of newly emitted tokens, as soon as they are known (for streaming):
 # on_tokens(tokens, num_accepted, num_proposed). The first num_accepted tokens are accepted
@@ -138,89 +133,3 @@ def check_eos(target: Transformer, eos_token_ids) -> set[int]:
         raise MinispecError(f"eos_token_ids = {eos_token_ids!r}; expected a list of token ids, "
                             f"each 0 <= id < vocab_size={vocab} ([] never stops early)")
     return {int(t) for t in ids}
-
-
-# ---------------------------------------------------------------- the steps
-
-
-class PhaseTimer:
-    """Wall time per phase of a step: `with timer("draft"): ...`; `totals` maps phase -> seconds."""
-
-    def __init__(self, *phases: str) -> None:
-        self.totals = {phase: 0.0 for phase in phases}
-
-    @contextmanager
-    def __call__(self, phase: str):
-        start = time.perf_counter()
-        yield
-        self.totals[phase] += time.perf_counter() - start
-
-
-def prefill(target: Transformer, prompt: list[int], cache) -> torch.Tensor:
-    """Feed the prompt into the cache; the logits after its last token: [V].
-
-    Only the last row goes through the LM head: the other rows' logits are never used.
-    """
-    hidden = target.forward_hidden(torch.tensor([prompt], device=target.device), cache)  # [1, P, d]
-    return target.head(hidden[0, -1])
-
-
-def first_token(target: Transformer, prompt: list[int], cache, params: SamplingParams, generator: torch.Generator,
-                eos: set[int], max_new_tokens: int, stop_when: StopCondition | None,
-                on_tokens: TokenCallback | None) -> tuple[list[int], str | None, float]:
-    """Prefill, then the first new token from the prompt's last row, exactly as plain decoding
-    picks it (and streams it): (tokens so far, the finish reason or None, the prefill's seconds)."""
-    start = time.perf_counter()
-    logits = prefill(target, prompt, cache)  # [V]
-    prefill_seconds = time.perf_counter() - start
-    tokens = [next_token(logits, params, generator)]
-    if on_tokens is not None:
-        on_tokens(tokens[:], 0, 0)
-    return tokens, finish_reason(tokens, eos, max_new_tokens, stop_when), prefill_seconds
-
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def verify_input(draft: Draft, target_logits: torch.Tensor, hidden: torch.Tensor,
-                 head: Callable[[torch.Tensor], torch.Tensor], params: SamplingParams,
-                 generator: torch.Generator) -> VerifyInput:
-    """What a policy sees after a verify pass of g+1 rows: target_logits [g+1, V] (low precision
-    upcast to float32), p_target = post-processed target_logits, and the draft on the same device."""
-    target_logits = target_logits.float() if target_logits.dtype in LOW_PRECISION else target_logits
-    p_target = logits_to_probs(target_logits, params)  # [g+1, V]
-    return VerifyInput(
-        draft_tokens=torch.tensor(draft.tokens, dtype=torch.long, device=p_target.device),
-        q_draft=draft.q_draft.to(p_target.device, p_target.dtype),  # an n-gram's one-hot rows live on the CPU
-        target_logits=target_logits,
-        p_target=p_target,
-        params=params,
-        generator=generator,
-        draft_logits=None if draft.logits is None else draft.logits.to(target_logits.device, target_logits.dtype),
-        hidden=hidden,
-        head=head,
-    )
-
-
-def finish_reason(tokens: list[int], eos: set[int], max_new_tokens: int,
-                  stop_when: StopCondition | None) -> str | None:
-    """Whether the generation ends after its last token, and why: "eos", "stop", "length" or None."""
-    if tokens[-1] in eos:
-        return "eos"
-    if stop_when is not None and stop_when(tokens):
-        return "stop"
-    return "length" if len(tokens) >= max_new_tokens else None
-
-
-def commit(tokens: list[int], emitted: list[int], eos: set[int], max_new_tokens: int,
-           stop_when: StopCondition | None) -> tuple[list[int], str | None]:
-    """Append a step's tokens one at a time, stopping at the first eos, stop condition or
-    max_new_tokens, even in the middle of an accepted run. Returns (what was committed, the
-    finish reason or None)."""
-    num_before, reason = len(tokens), None
-    for token in emitted:
-        tokens.append(token)
-        reason = finish_reason(tokens, eos, max_new_tokens, stop_when)
-        if reason is not None:
-            break
-    return tokens[num_before:], reason
