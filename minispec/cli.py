@@ -8,19 +8,33 @@
 A user mistake ends in one line on stderr, `<prog>: error: <message>`, and exit status 2:
 argparse's own errors (no usage dump), an out-of-range flag, and any MinispecError raised while
 running. Ctrl-C ends in one line, `<prog>: interrupted`, and exit status 130 (128 + SIGINT, what
-a shell reports); a reader that closes our stdout early (`... | head`) ends the command quietly
+a shell reports); SIGTERM (what `timeout`, systemd, `docker stop` and CI send) runs the same
+cleanup as Ctrl-C and ends in `<prog>: terminated`, exit status 143; a reader that closes our stdout early (`... | head`) ends the command quietly
 with exit status 141 (128 + SIGPIPE, as `yes | head` does). Anything else that escapes is a bug
 and keeps its traceback.
+
+The rules every command applies to what a user hands it, each written once:
+
+    read_file(path, field, limit)          a regular file or a pipe, at most `limit` bytes; a named
+                                           pipe with no writer never blocks; a device or folder refused
+    load_object(spec, field)               `module:attribute`, whatever importing it raises
+    parse_options(text, field)             NAME[:key=value,...] -> (NAME, {key: text}), a key given once
+    split_specs(text)                      a comma-separated list of those, commas inside options kept
+    extra(module, name, purpose)           an optional dependency's import, or one line naming the extra
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 import re
 import signal
+import stat
 import sys
+import time
+from pathlib import Path
 from typing import Callable
 
 from minispec.errors import MinispecError
@@ -130,6 +144,9 @@ def run_main(prog: str, body: Callable[[], int | None], flags: dict[str, str] | 
     except MinispecError as err:
         print(f"{prog}: error: {in_flags(' '.join(str(err).splitlines()), flags or {})}", file=sys.stderr)  # one line
         return 2
+    except Terminated:
+        print(f"{prog}: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
@@ -137,28 +154,34 @@ def run_main(prog: str, body: Callable[[], int | None], flags: dict[str, str] | 
         _discard_stdout()
         return 141
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for signum, handler in (previous or {}).items():
+            signal.signal(signum, handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM under run_main: a KeyboardInterrupt, so that every cleanup written for Ctrl-C (a
+    conversion's temporary folder and lock, a half-written output) runs for it too."""
 
 
 _interrupted = False  # set by run_main's SIGINT handler
 
 
-def _remember_interrupts():
-    """Make Ctrl-C raise KeyboardInterrupt as usual, and also remember it: torch's import swallows a
-    KeyboardInterrupt that lands in some of its try/excepts, and the run would then go on as if
-    nothing happened. raise_if_interrupted() raises it again after such an import. Returns the
-    previous handler (None where signals cannot be set: not the main thread)."""
+def _remember_interrupts() -> dict | None:
+    """Make Ctrl-C raise KeyboardInterrupt as usual (SIGTERM: Terminated, a KeyboardInterrupt), and
+    also remember it: torch's import swallows a KeyboardInterrupt that lands in some of its
+    try/excepts, and the run would then go on as if nothing happened. raise_if_interrupted() raises
+    it again after such an import. Returns the previous handlers (None where signals cannot be set:
+    not the main thread)."""
     global _interrupted
     _interrupted = False
 
-    def on_sigint(signum, frame):
+    def on_signal(signum, frame):
         global _interrupted
         _interrupted = True
-        raise KeyboardInterrupt
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
     try:
-        return signal.signal(signal.SIGINT, on_sigint)
+        return {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread
         return None
 
@@ -205,3 +228,136 @@ def _discard_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # stdout is not a file (a test's capture): nothing to do
         pass
+
+
+# ------------------------------------------------------------------ what users hand a command
+
+PIPE_WAIT_SECONDS = 10.0  # how long a named pipe may keep its first byte
+
+
+def read_file(path, field: str, limit: int) -> bytes:
+    """The bytes of a user's or a cache's file: a regular file or a pipe (a named pipe, `<(cmd)`,
+    /dev/stdin), at most `limit` bytes. A folder, a device (/dev/zero never ends) or a socket is
+    refused; a named pipe is opened without waiting for a writer, and one that sends nothing for
+    PIPE_WAIT_SECONDS is refused, so no read ever blocks for good. Every refusal is a MinispecError
+    naming `field` and the path."""
+    path = Path(path)
+    try:
+        kind = os.stat(path).st_mode
+    except OSError as err:
+        raise MinispecError(f"{field} {path}: cannot be read ({err.strerror or err}); expected a file") from None
+    if stat.S_ISDIR(kind):
+        raise MinispecError(f"{field} {path}: a folder; expected a file")
+    if not (stat.S_ISREG(kind) or stat.S_ISFIFO(kind)):
+        raise MinispecError(f"{field} {path}: not a regular file or a pipe (a device or a socket); expected a file")
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_NONBLOCK if stat.S_ISFIFO(kind) else 0))
+    except OSError as err:
+        raise MinispecError(f"{field} {path}: cannot be read ({err.strerror or err}); expected a readable file") from None
+    try:
+        data = _read_capped(fd, field, path, limit, pipe=stat.S_ISFIFO(kind))
+    finally:
+        os.close(fd)
+    return data
+
+
+def _read_capped(fd: int, field: str, path: Path, limit: int, pipe: bool) -> bytes:
+    import select
+
+    chunks, size, waited_since = [], 0, time.monotonic()
+    while True:
+        if pipe:  # wait in short slices: Ctrl-C stays prompt and a silent pipe times out
+            ready, _, _ = select.select([fd], [], [], 0.1)
+            if not ready:
+                if time.monotonic() - waited_since > PIPE_WAIT_SECONDS:
+                    raise MinispecError(f"{field} {path}: a pipe that sent nothing for {PIPE_WAIT_SECONDS:.0f} s; "
+                                        "expected a file, or a pipe with a writer")
+                continue
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:  # no writer yet on a named pipe
+            time.sleep(0.05)
+            if time.monotonic() - waited_since > PIPE_WAIT_SECONDS:
+                raise MinispecError(f"{field} {path}: a named pipe with no writer; expected a file, or a pipe with "
+                                    "a writer") from None
+            continue
+        except OSError as err:
+            raise MinispecError(f"{field} {path}: cannot be read ({err.strerror or err}); expected a file") from None
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise MinispecError(f"{field} {path}: more than {limit} bytes; expected a file of at most {limit} bytes")
+        chunks.append(chunk)
+        waited_since = time.monotonic()
+
+
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def load_object(spec: str, field: str):
+    """`module:attribute` -> the object it names. Every way it can fail (no colon, an empty or
+    relative module, a syntax error or any exception while importing, a missing attribute) is one
+    MinispecError naming `field`; the caller checks what kind of object it got."""
+    module, colon, attribute = spec.partition(":")
+    if not colon or not MODULE_NAME.fullmatch(module) or not MODULE_NAME.fullmatch(attribute):
+        raise MinispecError(f"{field} {spec!r}: expected module:attribute (an importable, absolute module and a "
+                            "name in it)")
+    try:
+        found = importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - user code: any failure of its import is the user's to see
+        raise MinispecError(f"{field} {spec!r}: importing {module} failed ({type(err).__name__}: "
+                            f"{' '.join(str(err).split())})") from None
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except Exception as err:  # noqa: BLE001 - a module __getattr__ may raise anything
+            raise MinispecError(f"{field} {spec!r}: {module} has no {attribute} ({type(err).__name__})") from None
+    return found
+
+
+OPTION_KEY = re.compile(r"\s*[A-Za-z_][\w-]*\s*=")
+
+
+def parse_options(text: str, field: str) -> tuple[str, dict[str, str]]:
+    """NAME[:key=value,...] -> (NAME, {key: value text}). A key given twice, an item that is not
+    key=value, an empty name or a colon with nothing after it is a MinispecError naming `field`.
+    The values stay text: the caller types them (minispec.generate.policy_spec for policies)."""
+    name, colon, rest = text.partition(":")
+    name = name.strip()
+    if not name:
+        raise MinispecError(f"{field} {text!r}: no name before the options; expected NAME[:key=value,...]")
+    if colon and not rest.strip():
+        raise MinispecError(f"{field} {text!r}: expected key=value after the colon, or no colon")
+    options: dict[str, str] = {}
+    for item in rest.split(",") if colon else []:
+        key, equals, value = item.partition("=")
+        key = key.strip()
+        if not equals or not key:
+            raise MinispecError(f"{field} {text!r}: {item!r} is not key=value")
+        if key in options:
+            raise MinispecError(f"{field} {name}: option {key!r} given twice")
+        options[key] = value.strip()
+    return name, options
+
+
+def split_specs(text: str) -> list[str]:
+    """A comma-separated list of NAME[:key=value,...]: an item that starts with `key=` continues the
+    options of the one before it, so `dropmatch:p=0.3,paths=5,exact` is two specs, not three."""
+    specs: list[str] = []
+    for item in text.split(","):
+        if specs and OPTION_KEY.match(item) and ":" in specs[-1]:
+            specs[-1] += "," + item
+        else:
+            specs.append(item)
+    return [spec.strip() for spec in specs if spec.strip()]
+
+
+def extra(module: str, name: str, purpose: str):
+    """Import an optional dependency, or raise one MinispecError naming the extra that installs it:
+    `pip install 'minispec[NAME]'`."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MinispecError(f"{purpose} needs {module.split('.')[0]}, which is not installed; expected "
+                            f"pip install 'minispec[{name}]'") from None

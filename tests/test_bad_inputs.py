@@ -239,6 +239,7 @@ class Row:
     check: Callable[[Outcome, Path], None] | None = None  # more to assert: (outcome, CKPT)
     note: str = ""  # for the doc: how the command is run, or what the correct behaviour is
     env: tuple[tuple[str, str], ...] = ()  # environment variables set for the run (run="main" rows)
+    signum: int = signal.SIGINT  # what the interrupt-* runs send: Ctrl-C, or SIGTERM (timeout, systemd, docker stop)
 
 
 def cli(case: str, argv: str | list[str], expect: int, *names: str, **more) -> Row:
@@ -594,6 +595,15 @@ ROWS: list[Row] = [
         ("minispec.generate: interrupted",), setup=both(long_run(), fifo("prompt")), run="interrupt-generating",
         check=check_interrupted_batch_json,
         note='Ctrl-C while a batch generates: stdout has the JSON object so far, "finish_reason": "interrupted"'),
+    Row("sigterm-json", (*LONG, "--json", "--prompt-file", "CKPT/prompt"), 143, ("minispec.generate: terminated",),
+        setup=both(long_run(), fifo("prompt")), run="interrupt-generating", check=check_interrupted_json,
+        signum=signal.SIGTERM,
+        note='SIGTERM while generating (timeout, systemd, docker stop): as Ctrl-C, the JSON object so far, '
+             '"finish_reason": "interrupted", exit status 143'),
+    Row("sigterm-before-generating", (*LONG, "--json", "--prompt-file", "CKPT/prompt"), 143,
+        ("minispec.generate: terminated",), setup=both(long_run(), fifo("prompt")), run="interrupt-before",
+        check=lambda outcome, folder: check_interrupted_json(outcome, folder, generated=False), signum=signal.SIGTERM,
+        note='SIGTERM while it waits for the prompt: the JSON object, no tokens, "interrupted"'),
     # ---- sizes bounded by what the tree can use and what the machine can hold
     cli("tree-budget-beyond-the-tree", f"{G} --draft ngram --tree 100000000 --json", 0, check=check_finished,
         note="runs: the budget is a ceiling, and an n-gram tree of this context holds at most 3 x 51 x 5 nodes: "
@@ -778,7 +788,7 @@ def _run_process(row: Row, argv: list[str], folder: Path, timeout: float = 120) 
             if row.run == "pipe":
                 proc.stdout.close()  # what `head -c 10` does once it has its 10 bytes
             elif len(head) == want:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(row.signum)
         else:  # the prompt comes through CKPT/prompt, a named pipe: its reader opening it means loading is done
             while writer is None and proc.poll() is None and time.monotonic() < deadline:
                 try:
@@ -791,7 +801,7 @@ def _run_process(row: Row, argv: list[str], folder: Path, timeout: float = 120) 
                     os.close(writer)
                     writer = None
                     time.sleep(2.0)  # the prompt is read and generation runs (tokens in milliseconds)
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(row.signum)
         if row.run == "pipe":
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             out, err = b"", proc.stderr.read()

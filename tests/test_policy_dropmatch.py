@@ -20,6 +20,8 @@ from unittest import mock
 
 import pytest
 import torch
+
+from minispec.chain.stats import info_counts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -99,8 +101,13 @@ def table_input(draft, target_logits, path_logits, params=GREEDY, **kwargs) -> V
     return verify_input(draft, target_logits, params, hidden=torch.ones(num_rows, 4, dtype=F64), head=head, **kwargs)
 
 
+def committed_info(decision) -> dict:
+    """The decision's info as the loop counts it when every accepted draft is committed."""
+    return info_counts(decision.info, decision.num_accepted)
+
+
 def outcome(decision) -> tuple[int, int, int]:
-    return decision.num_accepted, decision.next_token, decision.info["accepted_by_dropmatch_only"]
+    return decision.num_accepted, decision.next_token, committed_info(decision)["accepted_by_dropmatch_only"]
 
 
 # ============================================================================== hand-built cases
@@ -121,7 +128,7 @@ def test_js_radius_accepts_a_draft_without_a_majority():
     assert decided(DropMatch(paths=3, criterion="majority")(inp)) == (0, 0)  # base and majority: no
     decision = DropMatch(paths=3)(inp)
     assert decided(decision) == (1, 2)  # accepted by JS; the bonus from the clean target
-    assert decision.info == {"accepted_by_dropmatch_only": 1, "heads_agree": 1, "positions": 2}
+    assert committed_info(decision) == {"accepted_by_dropmatch_only": 1, "heads_agree": 1, "positions": 2}
 
 
 def test_majority_is_the_fallback_when_js_fails():
@@ -206,7 +213,7 @@ def test_without_base_a_rejection_only_dropmatch_made_draws_the_correction_from_
     for seed in range(40):
         inp = table_input([0], target_logits, path_logits, params, q_draft=[[0.6, 0.4, 0.0]], seed=seed)
         decision = DropMatch(paths=3, criterion="majority", or_base=False)(inp)
-        assert decision.num_accepted == 0 and decision.info["accepted_by_dropmatch_only"] == 0
+        assert decision.num_accepted == 0 and committed_info(decision)["accepted_by_dropmatch_only"] == 0
         corrections.add(decision.next_token)
         assert DropMatch(paths=3, criterion="majority")(inp).num_accepted == 1  # with the base: accepted
     assert corrections == {0, 1, 2}  # from p_target; the residual would give only 2
@@ -342,7 +349,7 @@ def test_same_seed_same_decisions_at_temperature_one(cls):
         policy, head, outcomes = cls(seed=seed), linear_head(weight), []
         for step in steps:
             decision = policy(loop_input(step, head, params))
-            outcomes.append((decided(decision), decision.info))
+            outcomes.append((decided(decision), info_counts(decision.info, decision.num_accepted)))
         return outcomes
 
     assert run(0) == run(0)  # a fresh policy with the same seed: the same masks, so the same decisions
@@ -474,7 +481,7 @@ def test_p0_at_temperature_zero_equals_exact(run):
             decision = policy(inp)
             assert len(head.calls) == 1  # p = 0 scores no path rows: every path is the clean head
             assert decided(decision) == decided(ExactMatch()(inp))
-            assert decision.info["accepted_by_dropmatch_only"] == 0
+            assert committed_info(decision)["accepted_by_dropmatch_only"] == 0
             if isinstance(policy, LazyDropMatch):
                 assert decision.info["path_head_calls"] == 0
             else:
@@ -515,7 +522,7 @@ def test_or_base_never_accepts_less_than_its_base(run):
             base_decision = base(loop_input(step, head, params))  # same logits, a fresh verify generator
             assert decision.num_accepted >= base_decision.num_accepted
             if decision.num_accepted > base_decision.num_accepted:  # at least the base's first rejection is DropMatch's
-                assert decision.info["accepted_by_dropmatch_only"] >= 1
+                assert committed_info(decision)["accepted_by_dropmatch_only"] >= 1
             else:  # the base's draws, the base's token
                 assert decided(decision) == decided(base_decision)
 

@@ -1,6 +1,8 @@
 """minispec.chain.stats: tau counts the correction/bonus token, and policies' counts are summed."""
 
 import pytest
+import torch
+from hypothesis import given, strategies as st
 
 from minispec.chain.stats import step_stats
 
@@ -38,10 +40,28 @@ def test_no_step_is_tau_one_and_no_draft_is_acceptance_zero():
 
 def test_numeric_policy_info_is_summed_over_steps_and_the_rest_ignored():
     steps, gamma = [], 2
-    steps.append((2, 1, 1 + 1, {"accepted_by_dropmatch_only": 1, "positions": 3, "note": "x", "flag": True}))
-    steps.append((2, 2, 2 + 1, {"accepted_by_dropmatch_only": 2, "positions": 3}))
+    steps.append((2, 1, 1 + 1, {"accepted_by_dropmatch_only": [1, 1], "positions": 3, "note": "x", "flag": True}))
+    steps.append((2, 2, 2 + 1, {"accepted_by_dropmatch_only": torch.tensor([True, True]), "positions": 3}))
     steps.append((2, 0, 0 + 1, {}))
     assert step_stats(steps, gamma)["policy_info"] == {"accepted_by_dropmatch_only": 3, "positions": 6}
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4), st.integers(1, 5),
+                          st.lists(st.booleans(), min_size=4, max_size=4), st.integers(0, 9)), max_size=6))
+def test_policy_info_counts_flags_over_the_committed_drafts_only(raw):
+    """The info-counter rule, from its definition: a per-position flag counts where its draft was
+    accepted AND committed (a flag on a rejected draft, or on an accepted draft after an eos inside
+    the run, counts nothing); a number counts as reported. Steps are drawn with e <= n (an end inside
+    the accepted run) as well as e = n + 1."""
+    steps, expected_flags, expected_work = [], 0, 0
+    for g, n, e, flags, work in raw:
+        n = min(n, g)
+        e = min(e, n + 1)
+        steps.append((g, n, e, {"flagged": torch.tensor(flags[:g]), "work": work}))
+        expected_flags += sum(flags[:min(n, e)])  # the drafts that were accepted and committed
+        expected_work += work
+    info = step_stats(steps, 4)["policy_info"]
+    assert info.get("flagged", 0) == expected_flags and info.get("work", 0) == expected_work
 
 
 def test_tau_drafted_leaves_out_the_steps_where_nothing_was_drafted():

@@ -118,4 +118,4 @@ class FLy(AcceptancePolicy):
             next_token = int(greedy_token(inp.target_logits[num_accepted]))
         else:
             next_token = correction_or_bonus(inp.p_target, inp.q_draft, num_accepted, inp.generator)
-        return Decision(num_accepted, next_token, {"deferred": int(defer[:num_accepted].sum())})
+        return Decision(num_accepted, next_token, {"deferred": defer})

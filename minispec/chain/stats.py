@@ -26,8 +26,13 @@ vLLM's "mean acceptance length" and llama.cpp's "accepted / drafted" per step ar
 acceptance_rate; their per-position rates are per_position_acceptance. minispec's own tau also
 counts the steps without drafts, so that tau x (time per step) is the real decoding time.
 
-A policy may report its own counts in Decision.info (DropMatch: how many tokens only it
-accepted); every numeric entry is summed over the steps into `policy_info`.
+A policy may report its own counts in Decision.info, of two kinds, each summed over the steps
+into `policy_info`:
+
+    per-position flags   a [g] bool/int tensor or list (DropMatch: which drafts only it accepted):
+                         counted over the step's COMMITTED drafts only, flags[:min(n, e)], so a
+                         flag on a rejected draft, or on an accepted one cut off by an eos, counts nothing
+    work counts          a number (DropMatch: head calls, positions judged): summed as reported
 """
 
 from __future__ import annotations
@@ -50,10 +55,9 @@ def step_stats(steps: Sequence[StepCount], gamma: int) -> dict:
     counted = [(e, e, e) if e <= n else (g, n, n + 1) for g, n, e, _ in steps]  # (drafted, accepted, emitted)
     drafted = [(g, n, e) for g, n, e in counted if g > 0]
     policy_info: dict[str, Number] = {}
-    for *_, info in steps:
-        for key, value in info.items():
-            if isinstance(value, Number) and not isinstance(value, bool):
-                policy_info[key] = policy_info.get(key, 0) + value
+    for (*_, info), (_, committed, _) in zip(steps, counted):
+        for key, value in info_counts(info, committed).items():
+            policy_info[key] = policy_info.get(key, 0) + value
     num_drafted, num_accepted = sum(g for g, _, _ in counted), sum(n for _, n, _ in counted)
     histogram = [0] * (gamma + 1)
     for _, n, _ in drafted:
@@ -75,6 +79,19 @@ def step_stats(steps: Sequence[StepCount], gamma: int) -> dict:
         "no_draft_steps": len(steps) - len(drafted),
         "policy_info": policy_info,
     }
+
+
+def info_counts(info: dict, committed: int) -> dict[str, Number]:
+    """One step's Decision.info as counts: per-position flags (a tensor, list or tuple) summed over
+    the first `committed` drafts, work counts (numbers) as they are; anything else left out."""
+    counts = {}
+    for key, value in info.items():
+        if hasattr(value, "tolist") or isinstance(value, (list, tuple)):  # per-position flags
+            flags = value.tolist() if hasattr(value, "tolist") else list(value)
+            counts[key] = int(sum(flags[:committed]))
+        elif isinstance(value, Number) and not isinstance(value, bool):  # a work count
+            counts[key] = value
+    return counts
 
 
 def timing_stats(num_prompt: int, num_generated: int, prefill_seconds: float, total_seconds: float) -> dict:

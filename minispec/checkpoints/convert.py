@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from minispec.checkpoints.disk import require_free, write_failure
+from minispec.cli import extra
 from minispec.checkpoints.gguf_checks import check_against_tensors, check_finite, check_metadata
 from minispec.errors import CheckpointError
 
@@ -159,11 +160,7 @@ def save_tokenizer(tokenizer, path: Path) -> None:
 
 def open_gguf(gguf_path: Path):
     """(gguf.GGUFReader, GGUFMetadata) for the file; a missing package or a bad file is one line."""
-    try:
-        import gguf
-    except ImportError:
-        raise CheckpointError(f"the 'gguf' package is not installed; it is needed to read {gguf_path}: "
-                              "pip install 'minispec[gguf]'") from None
+    gguf = extra("gguf", "gguf", f"reading {gguf_path}")
     if not gguf_path.is_file():
         raise CheckpointError(f"{gguf_path}: no such file; expected a GGUF model file")
     try:

@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from minispec.cli import read_file
 from minispec.checks import is_int
 from minispec.errors import CheckpointError, MinispecError
 
@@ -196,8 +197,8 @@ def load_tokenizer(path: str | Path, revision: str | None = None) -> Tokenizer:
 def _read_template_file(path: Path) -> str:
     """A chat_template.jinja file's text (UTF-8), or a one-line CheckpointError naming it."""
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
+        return read_file(path, "chat template", 1 << 20).decode("utf-8")
+    except (MinispecError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise CheckpointError(f"{path}: cannot be read ({reason}); expected a UTF-8 jinja2 chat template") from None
 

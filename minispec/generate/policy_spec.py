@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from minispec.cli import parse_options
 from minispec.errors import MinispecError
 
 DROPMATCH_POLICIES = ("dropmatch", "dropmatch-lazy")  # their p may be auto (or auto:LEVEL): calibrated per prompt
@@ -19,28 +20,20 @@ def policy_spec(text: str) -> tuple[str, dict]:
     from minispec import acceptance
     from minispec.acceptance.base import constructor_options
 
-    name, colon, rest = text.partition(":")
+    name, texts = parse_options(text, "--policy")
     if name not in acceptance.available():
         raise MinispecError(f"--policy {name!r}: unknown acceptance policy; expected a registered name (minispec's "
                             f"own: {', '.join(acceptance.BUILT_IN)})")
-    if colon and not rest:
-        raise MinispecError(f"--policy {text!r}: expected key=value after the colon, or no colon")
     parameters = constructor_options(name)
     options = {}
-    for item in rest.split(",") if rest else []:
-        key, equals, value = item.partition("=")
-        key = key.strip()
-        if not equals or not key:
-            raise MinispecError(f"--policy {text!r}: {item!r} is not key=value")
+    for key, value in texts.items():
         if key not in parameters:
             expected = f"its options are {sorted(parameters)}" if parameters else "it takes no options"
             raise MinispecError(f"--policy {name}: unknown option {key!r}; {expected}")
-        if key in options:
-            raise MinispecError(f"--policy {name}: option {key!r} given twice")
-        if name in DROPMATCH_POLICIES and key == "p" and value.strip().partition(":")[0] == "auto":
-            options[key] = auto_level(value.strip())
+        if name in DROPMATCH_POLICIES and key == "p" and value.partition(":")[0] == "auto":
+            options[key] = auto_level(value)
         else:
-            options[key] = option_value(name, key, value.strip(), parameters[key])
+            options[key] = option_value(name, key, value, parameters[key])
     return name, options
 
 

@@ -5,10 +5,12 @@ unless --raw. Every mistake is one line naming the flag, the file and the line."
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from minispec.errors import MinispecError
 from minispec.generate.flags import GenerateArgs
+
+
+PROMPT_FILE_BYTES = 64 << 20  # a prompt file's cap: far beyond any context window's worth of text
 
 
 def prompt_lines(args: GenerateArgs) -> list[tuple[int, str]]:
@@ -54,18 +56,9 @@ def read_prompt_file(args: GenerateArgs) -> str:
     """--prompt-file's text, as UTF-8 ('-': stdin)."""
     if str(args.prompt_file) == "-":
         return read_stdin()
-    from minispec.cli import read_all
+    from minispec.cli import read_file
 
-    if Path(args.prompt_file).is_dir():
-        raise MinispecError(f"--prompt-file {args.prompt_file}: a folder; expected a UTF-8 text file")
-    try:
-        with open(args.prompt_file, "rb") as f:
-            data = read_all(f)
-    except OSError as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise MinispecError(f"--prompt-file {args.prompt_file}: cannot be read ({reason}); "
-                            "expected a UTF-8 text file") from None
-    return decode_utf8(data, f"--prompt-file {args.prompt_file}")
+    return decode_utf8(read_file(args.prompt_file, "--prompt-file", PROMPT_FILE_BYTES), f"--prompt-file {args.prompt_file}")
 
 
 def encode(args: GenerateArgs, tokenizer, prompt: str, where: str) -> list[int]:

@@ -29,6 +29,7 @@ from typing import TextIO
 import torch
 
 from minispec.chain.request import StepRecord
+from minispec.chain.stats import info_counts
 
 
 class Tracer:
@@ -70,7 +71,8 @@ class Tracer:
         else:
             decided = (f"{n} of {g} accepted; the {'correction' if n < g else 'bonus'} "
                        f"{self.piece(decision.next_token)} comes from row {n}")
-        lines.append(f"  decision {self.policy_name}: {decided}" + _info(decision.info))
+        counts = info_counts(decision.info, min(n, len(record.emitted)))  # as the run's stats count them
+        lines.append(f"  decision {self.policy_name}: {decided}" + _info(counts))
         before, kept = record.target_cache
         draft_cache = "none" if record.draft_cache is None else str(record.draft_cache)
         kept_drafts = f" and d_1..d_{n}" if n > 1 else (" and d_1" if n == 1 else "")

@@ -30,6 +30,10 @@ from pathlib import Path
 import torch
 
 from minispec.checkpoints.disk import minispec_home, user_cache_dir
+from minispec.cli import read_file
+from minispec.errors import MinispecError
+
+CACHE_BYTES = 1 << 20  # the probe cache's cap: a few hundred answers take a few kB
 
 CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS")
 
@@ -65,9 +69,9 @@ def load(question: str, answers: tuple[str, ...] | None = None, path: Path | Non
     """The stored answer to `question` on this machine, if there is one and it is among `answers` (any
     string where answers is None: the caller checks it)."""
     try:
-        stored = json.loads((path or cache_path()).read_text())
+        stored = json.loads(read_file(path or cache_path(), "probe cache", CACHE_BYTES))
         answer = stored.get(machine_key(), {}).get(question)
-    except (OSError, ValueError, AttributeError, RuntimeError):  # no file, not JSON, not a dict, ~user unknown
+    except (MinispecError, ValueError, AttributeError, RuntimeError):  # no file, not JSON, not a dict, ~user unknown
         return None
     if answers is None:
         return answer if isinstance(answer, str) else None
@@ -80,9 +84,9 @@ def store(question: str, answer: str, path: Path | None = None) -> bool:
     try:
         path = path or cache_path()
         try:
-            stored = json.loads(path.read_text())
+            stored = json.loads(read_file(path, "probe cache", CACHE_BYTES))
             stored = stored if isinstance(stored, dict) else {}
-        except (OSError, ValueError):
+        except (MinispecError, ValueError):
             stored = {}
         mine = stored.get(machine_key())
         stored[machine_key()] = {**(mine if isinstance(mine, dict) else {}), question: answer}

@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minispec.cli import read_file
 from minispec.errors import ConfigError
+
+CONFIG_BYTES = 1 << 20  # config.json's cap: a real one is a few kB
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
@@ -120,7 +123,7 @@ class ModelConfig:
             if not path.is_file():
                 raise ConfigError(f"{path}: file not found; expected a Hugging Face config.json")
             try:
-                raw = json.loads(path.read_text(encoding="utf-8"))
+                raw = json.loads(read_file(path, "config", CONFIG_BYTES).decode("utf-8"))
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
             except UnicodeDecodeError as err:

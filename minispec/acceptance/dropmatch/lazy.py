@@ -132,7 +132,7 @@ class LazyDropMatch(DropMatch):
                 if not accepted[i]:
                     break  # the prefix rule: nothing after the first rejection counts
         num_accepted = first_rejection(accepted)
-        info = {"accepted_by_dropmatch_only": int((~base_accepted[:num_accepted]).sum()),
+        info = {"accepted_by_dropmatch_only": ~base_accepted,  # per position: counted over the committed drafts
                 "path_positions": paths.asked, "path_head_calls": paths.head_calls}
         return Decision(num_accepted, self.next_token(inp, num_accepted, base_accepted, clean_tokens), info)
 

@@ -163,7 +163,7 @@ class DropMatch(AcceptancePolicy):
         dropmatch_accepted = self.verdicts(inp, path_logits[:, :gamma], head_tokens[:, :gamma])  # [gamma]
         accepted = dropmatch_accepted | base_accepted if self.or_base else dropmatch_accepted  # [gamma]
         num_accepted = first_rejection(accepted)
-        info = {"accepted_by_dropmatch_only": int((~base_accepted[:num_accepted]).sum()),
+        info = {"accepted_by_dropmatch_only": ~base_accepted,  # per position: counted over the committed drafts
                 "heads_agree": int((head_tokens == clean_tokens).all(dim=0).sum()), "positions": gamma + 1}
         return Decision(num_accepted, self.next_token(inp, num_accepted, base_accepted, clean_tokens), info)
 

@@ -24,6 +24,7 @@ import torch
 
 from minispec import acceptance
 from minispec.acceptance.base import VerifyInput
+from minispec.cli import extra
 from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
 
 # How each registered policy stands against the contract: its claimed distribution and closed-form
@@ -67,15 +68,14 @@ def minispec_engine(name: str, **options) -> Engine:
 
 def transformers_sampler():
     """transformers' _speculative_sampling, as installed (an attribute, not an import of a private name)."""
-    from transformers.generation import utils
-
-    return utils._speculative_sampling
+    return extra("transformers.generation.utils", "bench", "the transformers engine")._speculative_sampling
 
 
 def warp(logits: torch.Tensor, inp: StepInput) -> torch.Tensor:
     """transformers' own warpers, in the order its generation config applies them: [rows, V] -> [rows, V]."""
-    from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                        TopPLogitsWarper)
+    warpers = extra("transformers.generation.logits_process", "bench", "the transformers engine")
+    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper = (
+        warpers.TemperatureLogitsWarper, warpers.TopKLogitsWarper, warpers.TopPLogitsWarper)
 
     ids = torch.zeros(logits.shape[0], 1, dtype=torch.long)  # the warpers do not read the ids
     if inp.temperature != 1.0:

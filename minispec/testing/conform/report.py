@@ -13,12 +13,13 @@ check must detect 99% of the time (smaller: more samples, more minutes).
 
 from __future__ import annotations
 
-import importlib
+import math
 import sys
 import time
 
 from minispec import acceptance
-from minispec.cli import Parser, ranged, run_main
+from minispec.cli import Parser, load_object, parse_options, ranged, run_main
+from minispec.generate.policy_spec import policy_spec
 from minispec.errors import MinispecError
 from minispec.testing.conform.contract import Engine
 from minispec.testing.conform.engines import (NEEDS_THE_HEAD, minispec_engine, sample_then_match_engine,
@@ -27,15 +28,6 @@ from minispec.testing.conform.invariants import INVARIANTS, Budget, Verdict, con
 from minispec.testing.conform.planted import PLANTS, planted_engine
 
 PROG = "minispec.testing.conform"
-
-
-def parse_value(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
 
 
 def engine_named(spec: str) -> list[Engine]:
@@ -47,32 +39,32 @@ def engine_named(spec: str) -> list[Engine]:
         return [sample_then_match_engine()]
     if spec == "transformers":
         return [transformers_engine()]
-    if spec.startswith("transformers:w="):
-        weight = parse_value(spec.partition("=")[2])
-        if not isinstance(weight, (int, float)) or not 0 < weight < 1:
-            raise MinispecError(f"ENGINE {spec!r}: expected transformers:w=W with 0 < W < 1")
-        return [transformers_engine(float(weight))]
-    if spec.startswith("minispec:"):
-        name, _, options = spec[len("minispec:"):].partition(":")
-        kwargs = {}
-        for item in filter(None, options.split(",")):
-            key, eq, value = item.partition("=")
-            if not eq:
-                raise MinispecError(f"ENGINE {spec!r}: option {item!r}; expected key=value")
-            kwargs[key] = parse_value(value)
+    if spec.startswith("transformers:"):
+        name, options = parse_options(spec, "ENGINE")
         try:
-            return [minispec_engine(name, **kwargs)]
+            weight = float(options.pop("w", "nan"))
+        except ValueError:
+            weight = math.nan
+        if options or not 0 < weight < 1:  # also nan
+            raise MinispecError(f"ENGINE {spec!r}: expected transformers:w=W with 0 < W < 1")
+        return [transformers_engine(weight)]
+    if spec.startswith("minispec:"):
+        try:
+            name, options = policy_spec(spec[len("minispec:"):])
+            return [minispec_engine(name, **options)]
         except (ValueError, MinispecError) as err:
-            raise MinispecError(f"ENGINE {spec!r}: {err}") from None
-    module, colon, attribute = spec.partition(":")
-    if not colon:
-        raise MinispecError(f"ENGINE {spec!r}: expected all, transformers, transformers:w=W, sample-then-match, minispec:NAME[:k=v,...] "
-                            "or module:attribute")
-    try:
-        found = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as err:
-        raise MinispecError(f"ENGINE {spec!r}: {err}") from None
-    found = found() if callable(found) and not isinstance(found, Engine) else found
+            raise MinispecError(f"ENGINE {spec!r}: {str(err).replace('--policy ', '')}") from None
+    if ":" not in spec:
+        raise MinispecError(f"ENGINE {spec!r}: expected all, transformers, transformers:w=W, sample-then-match, "
+                            "minispec:NAME[:k=v,...] or module:attribute")
+    found = load_object(spec, "ENGINE")
+    if isinstance(found, type) or (callable(found) and not isinstance(found, Engine)):
+        try:
+            found = found()  # a factory (or an Engine subclass) that takes no arguments
+        except Exception as err:  # noqa: BLE001 - user code
+            raise MinispecError(f"ENGINE {spec!r}: calling it failed ({type(err).__name__}: "
+                                f"{' '.join(str(err).split())}); expected an Engine or a function of no "
+                                "arguments returning one") from None
     if not isinstance(found, Engine):
         raise MinispecError(f"ENGINE {spec!r}: {type(found).__name__}, not a minispec.testing.conform.Engine")
     return [found]

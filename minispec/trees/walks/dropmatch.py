@@ -66,7 +66,7 @@ def dropmatch_walk(tree: DraftTree, target_logits: torch.Tensor, p_target: torch
 
     children = children_by_row(tree)
     coins = None if params.greedy else node_coins(tree, generator)
-    path, node, only_dm = [], -1, 0
+    path, node, only_dm = [], -1, []  # only_dm: per path position, whether only DropMatch accepted it
     while True:
         siblings = children[node + 1]
         if params.greedy:
@@ -76,7 +76,7 @@ def dropmatch_walk(tree: DraftTree, target_logits: torch.Tensor, p_target: torch
         child = next((c for c in siblings if dm[c] or (policy.or_base and c == base_child)), None)
         if child is None:
             break
-        only_dm += child != base_child
+        only_dm.append(child != base_child)
         path.append(child)
         node = child
     row = node + 1
