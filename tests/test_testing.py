@@ -1,6 +1,8 @@
 """minispec.testing used the way a user would: on our own policies and cache, on a policy
 written here outside the package, and on broken variants that it must catch readably."""
 
+import re
+
 import pytest
 import torch
 
@@ -217,3 +219,50 @@ def test_a_broken_ragged_cache_is_reported(broken):
     with pytest.raises(CheckFailed) as err:
         check_ragged_cache(broken, progress=False)
     assert str(err.value).startswith(f"check_ragged_cache({broken.__name__}): every row equals a single cache")
+
+
+# Every registered rule runs the shared harness (check_policy: decision range, the info-counter
+# rule, determinism, validation, its neutral setting, losslessness where claimed): the test that does.
+HARNESSED = {
+    "exact": "test_testing.py::test_exact_passes",
+    "sampling": "test_testing.py::test_sampling_passes_every_check_including_the_statistical_ones",
+    "block": "test_testing.py::test_block_verification_passes_every_check_including_the_statistical_ones",
+    "traversal": "test_testing.py::test_traversal_verification_passes_the_checks_of_a_lossless_policy",
+    "multipath": "test_testing.py::test_multipath_passes_the_checks_of_a_lossless_policy",
+    "lenience": "test_testing.py::test_lenience_is_sampling_at_its_neutral_beta_at_every_temperature",
+    "fly": "test_testing.py::test_fly_is_its_base_at_its_neutral_threshold_at_every_temperature",
+    "ensemble": "test_testing.py::test_the_static_ensemble_is_sampling_at_weight_one_at_every_temperature",
+    "kl-judge": "test_testing.py::test_the_kl_judge_is_its_base_at_threshold_zero_at_every_temperature",
+    "typical": "test_testing.py::test_typical_passes_the_generic_checks",
+    "dropmatch": "test_policy_dropmatch.py::test_dropmatch_and_lazy_dropmatch_at_p0_are_exact_match_through_the_loop",
+    "dropmatch-lazy": "test_policy_dropmatch.py::test_dropmatch_and_lazy_dropmatch_at_p0_are_exact_match_through_the_loop",
+}
+
+
+def test_every_registered_rule_runs_the_shared_harness():
+    """A rule added to the registry without a check_policy run fails here, so the info-counter rule
+    and the rest of the harness reach every rule, present and future."""
+    from pathlib import Path
+
+    from minispec import acceptance
+
+    assert set(acceptance.available()) == set(HARNESSED), set(acceptance.available()) ^ set(HARNESSED)
+    for name, where in HARNESSED.items():
+        file, test = where.split("::")
+        source = (Path(__file__).parent / file).read_text()
+        body = source.split(f"def {test}(", 1)[1].split("\ndef ", 1)[0]
+        assert "check_policy(" in body, f"{name}: {where} does not run check_policy"
+
+
+@pytest.mark.parametrize("info, words", [
+    ({"accepted_extra": 2}, "counts positions as a number"),
+    ({"deferred": [1, 0]}, "2 per-position flags; expected gamma = 3"),
+    ({"judged": [0, 2, 0]}, "expected flags of 0 or 1"),
+    ({"calls": -1}, "expected a count >= 0"),
+])
+def test_the_info_counter_rule_refuses_a_count_the_loop_cannot_cut(info, words):
+    from minispec.testing.checks import check_info
+
+    with pytest.raises(AssertionError, match=re.escape(words)):
+        check_info(info, 3)
+    check_info({"accepted_extra": [1, 0, 1], "calls": 4, "note": "x", "on": True}, 3)

@@ -34,6 +34,8 @@ Policy checks (a policy is an AcceptancePolicy subclass; see minispec/acceptance
 
 from __future__ import annotations
 
+import math
+import numbers
 import sys
 import time
 from typing import Callable
@@ -184,6 +186,27 @@ def check_neutral_arguments(policy_factory: Callable[..., AcceptancePolicy], neu
                             "AcceptancePolicy")
 
 
+def check_info(info, gamma: int) -> None:
+    """The info-counter rule every policy obeys (minispec.chain.stats counts what it reports): each
+    Decision.info entry is a work count (a finite number >= 0) or per-position flags (a tensor, list
+    or tuple of gamma entries, each 0 or 1), which the loop counts over the committed drafts only.
+    A count of accepted positions reported as a number could not be cut where an eos ends the run,
+    so it is refused here. Entries of other kinds (a note) are allowed and ignored by the stats."""
+    assert isinstance(info, dict), f"Decision.info is {type(info).__name__}; expected a dict"
+    for key, value in info.items():
+        if isinstance(value, bool):
+            continue  # a switch, not counted
+        if isinstance(value, numbers.Number):
+            assert math.isfinite(value) and value >= 0, f"info[{key!r}] = {value!r}; expected a count >= 0"
+            assert not key.startswith(("accepted", "deferred", "judged")), (
+                f"info[{key!r}] = {value!r} counts positions as a number; expected per-position flags [gamma] "
+                "(the loop counts them over the committed drafts)")
+        elif isinstance(value, (torch.Tensor, list, tuple)):
+            flags = value.tolist() if isinstance(value, torch.Tensor) else list(value)
+            assert len(flags) == gamma, f"info[{key!r}]: {len(flags)} per-position flags; expected gamma = {gamma}"
+            assert all(f in (0, 1) for f in flags), f"info[{key!r}] = {flags}; expected flags of 0 or 1"
+
+
 def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: bool | None = None,
                  neutral: dict | None = None, base: str = "exact", neutral_temperatures: tuple = (0.0,),
                  statistical: bool = True, progress: bool = True) -> None:
@@ -232,6 +255,7 @@ def check_policy(policy_factory: Callable[..., AcceptancePolicy], *, lossless: b
         vocab = inp.target_logits.shape[1]
         assert 0 <= d.num_accepted <= inp.gamma, f"num_accepted = {d.num_accepted} with gamma = {inp.gamma}"
         assert 0 <= d.next_token < vocab, f"next_token = {d.next_token} outside [0, {vocab})"
+        check_info(d.info, inp.gamma)
 
     @quick
     @given(inp=verify_inputs(), seed=seeds, gen_seed=seeds)
