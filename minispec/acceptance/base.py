@@ -37,6 +37,7 @@ from typing import Callable, ClassVar
 
 import torch
 
+from minispec.checks import returned_index
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams
 
@@ -91,13 +92,13 @@ class AcceptancePolicy(ABC):
         decision = self.decide(inp)
         if not isinstance(decision, Decision):
             raise PolicyInputError(f"{self.name}: decide returned {type(decision).__name__}; expected a Decision")
-        decision.num_accepted = as_index(self.name, "num_accepted", decision.num_accepted)
-        decision.next_token = as_index(self.name, "next_token", decision.next_token)
-        if not 0 <= decision.num_accepted <= inp.gamma:
-            raise PolicyInputError(f"{self.name}: num_accepted = {decision.num_accepted}; expected 0..{inp.gamma}")
-        vocab = inp.target_logits.shape[1]
-        if not 0 <= decision.next_token < vocab:
-            raise PolicyInputError(f"{self.name}: next_token = {decision.next_token}; expected a token id in [0, {vocab})")
+        try:  # what a plug-in returns, checked by the one rule every plug-in boundary uses
+            decision.num_accepted = returned_index(decision.num_accepted, f"{self.name}: Decision.num_accepted",
+                                                   inp.gamma + 1)
+            decision.next_token = returned_index(decision.next_token, f"{self.name}: Decision.next_token",
+                                                 inp.target_logits.shape[1])
+        except MinispecError as err:
+            raise PolicyInputError(str(err)) from None
         return decision
 
     @abstractmethod
@@ -128,17 +129,6 @@ def check_input(inp: VerifyInput) -> None:
         raise PolicyInputError(f"hidden: shape {list(inp.hidden.shape)}; expected [gamma+1={gamma + 1}, d]")
     if gamma and not (0 <= int(inp.draft_tokens.min()) and int(inp.draft_tokens.max()) < vocab):
         raise PolicyInputError(f"draft_tokens: ids outside [0, {vocab}): {inp.draft_tokens.tolist()}")
-
-
-def as_index(policy: str, field: str, value) -> int:
-    """A Decision's count or token id as a Python int: an int, or a one-element integer tensor (a 0-d
-    tensor would compare unequal to every eos id); anything else is a PolicyInputError naming it."""
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
-            and value.dtype != torch.bool:
-        return int(value)
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # numpy's ints too
-        return int(value)
-    raise PolicyInputError(f"{policy}: Decision.{field} = {value!r}; expected an int")
 
 
 def is_number(value) -> bool:

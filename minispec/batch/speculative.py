@@ -332,7 +332,13 @@ def check_seeds(seed, num_prompts: int) -> list[int]:
         return [check_seed(seed)] * num_prompts
     if not isinstance(seed, Sequence) or isinstance(seed, (str, bytes)) or len(seed) != num_prompts:
         raise MinispecError(f"seed = {seed!r}; expected an integer, or a list of {num_prompts} integers (one per prompt)")
-    return [check_seed(s) for s in seed]
+    checked = []
+    for i, s in enumerate(seed):
+        try:
+            checked.append(check_seed(s))
+        except MinispecError:
+            raise MinispecError(f"seed[{i}] = {s!r} (prompt {i}'s seed); expected an integer 0 <= seed < 2**64") from None
+    return checked
 
 
 def is_batch(prompt_ids) -> bool:

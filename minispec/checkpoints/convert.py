@@ -162,7 +162,8 @@ def open_gguf(gguf_path: Path):
     """(gguf.GGUFReader, GGUFMetadata) for the file; a missing package or a bad file is one line."""
     gguf = extra("gguf", "gguf", f"reading {gguf_path}")
     if not gguf_path.is_file():
-        raise CheckpointError(f"{gguf_path}: no such file; expected a GGUF model file")
+        found = "a folder" if gguf_path.is_dir() else "not a regular file" if gguf_path.exists() else "no such file"
+        raise CheckpointError(f"{gguf_path}: {found}; expected a GGUF model file")
     try:
         reader = gguf.GGUFReader(gguf_path)
     except Exception as error:  # bad magic, truncated or garbled: gguf has no error type of its own

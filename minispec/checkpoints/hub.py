@@ -61,7 +61,10 @@ def resolve_checkpoint(spec: str | Path, revision: str | None = None, *, what: s
             raise CheckpointError(f"{what} {spec}: fetching and converting it failed ({error.strerror or error}); "
                                   "expected room and write access for it (python -m minispec.weights --list gives "
                                   "its size; MINISPEC_HOME picks the folder)") from None
-    repo_id, _, at_revision = text.partition("@")
+    repo_id, at, at_revision = text.partition("@")
+    if at and not at_revision.strip():
+        raise CheckpointError(f"{what} {spec}: nothing after '@'; expected owner/name@REVISION (a branch, tag or "
+                              "commit) or no '@'")
     if at_revision and revision is not None and at_revision != revision:
         raise CheckpointError(f"{what} {spec}: two revisions ({at_revision!r} and {revision!r}); expected one")
     if not is_repo_id(repo_id):

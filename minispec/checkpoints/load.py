@@ -188,6 +188,10 @@ def _get_tensor(f, file: Path, hf_name: str) -> torch.Tensor:
 
 def _shard_files(folder: Path) -> list[Path]:
     single, index = folder / SINGLE_FILE, folder / INDEX_FILE
+    for path in (single, index):
+        if path.exists() and not path.is_file():
+            raise CheckpointError(f"{path}: {'a folder' if path.is_dir() else 'not a regular file'}; expected the "
+                                  "safetensors weights file")
     if single.is_file():
         return [single]
     if index.is_file():
@@ -200,7 +204,8 @@ def _shard_files(folder: Path) -> list[Path]:
         files = [folder / name for name in sorted(set(weight_map.values()))]
         for file in files:
             if not file.is_file():
-                raise CheckpointError(f"{index}: shard '{file.name}' listed in weight_map is missing")
+                raise CheckpointError(f"{index}: shard '{file.name}' listed in weight_map is "
+                                      f"{'a folder' if file.is_dir() else 'missing'}; expected a safetensors file")
         return files
     if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
         raise CheckpointError(f"{folder}: only pickle weights (*.bin/*.pt) found; expected {SINGLE_FILE} (safetensors)")

@@ -197,7 +197,12 @@ def load_tokenizer(path: str | Path, revision: str | None = None) -> Tokenizer:
 def _read_template_file(path: Path) -> str:
     """A chat_template.jinja file's text (UTF-8), or a one-line CheckpointError naming it."""
     try:
-        return read_file(path, "chat template", 1 << 20).decode("utf-8")
+        text = read_file(path, "chat template", 1 << 20).decode("utf-8")
+        if not text.strip():
+            raise CheckpointError(f"{path}: empty; expected a jinja2 chat template (or no such file)")
+        return text
+    except CheckpointError:
+        raise
     except (MinispecError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise CheckpointError(f"{path}: cannot be read ({reason}); expected a UTF-8 jinja2 chat template") from None
@@ -321,12 +326,19 @@ def _first_set(*candidates: list[int]) -> list[int]:
 def _template_string(value, file: Path) -> str | None:
     """A chat_template is a string, or a list of {"name", "template"} of which "default" is the one we use."""
     if isinstance(value, list):
-        named = {entry.get("name"): entry.get("template") for entry in value if isinstance(entry, dict)}
+        bad = next((i for i, entry in enumerate(value) if not isinstance(entry, dict)), None)
+        if bad is not None:
+            raise CheckpointError(f"{file}: field 'chat_template' entry {bad} is {type(value[bad]).__name__}; expected "
+                                  "a jinja2 template string or a list of {\"name\": ..., \"template\": ...} objects")
+        named = {entry.get("name"): entry.get("template") for entry in value}
         if "default" not in named:
-            raise CheckpointError(f"{file}: chat_template list has no 'default' entry; expected one")
+            raise CheckpointError(f"{file}: field 'chat_template' list has no entry named 'default'; expected one")
         value = named["default"]
     if value is not None and not isinstance(value, str):
         raise CheckpointError(f"{file}: field 'chat_template' = {value!r}; expected a jinja2 template string")
+    if value is not None and not value.strip():
+        raise CheckpointError(f"{file}: field 'chat_template' is empty; expected a jinja2 template string, or no "
+                              "field (plain text prompts)")
     return value
 
 

@@ -245,8 +245,9 @@ def run_batch(args: GenerateArgs, progress: BatchProgress, model, tokenizer, dra
                for number, text in lines]
     seeds = [args.seed + i for i in range(len(prompts))]  # prompt i: what it gives alone with --seed + i
     if seeds[-1] >= 2**64:
-        raise MinispecError(f"--seed {args.seed}: prompt i uses --seed + i, which passes 2**64 - 1 at prompt "
-                            f"{len(prompts) - 1}; expected --seed <= {2**64 - len(prompts)} for {len(prompts)} prompts")
+        first = 2**64 - args.seed + 1  # counted from 1, as the headers count: prompt i uses --seed + i - 1
+        raise MinispecError(f"--seed {args.seed}: prompt i (from 1) uses --seed + i - 1, which passes 2**64 - 1 at "
+                            f"prompt {first}; expected --seed <= {2**64 - len(prompts)} for {len(prompts)} prompts")
     progress.start(prompts)
     ran = _apply_kernels(args, model, drafter, ckpt)
     policy = _policy(args)  # p=auto is refused with --batch-size

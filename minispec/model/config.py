@@ -166,6 +166,9 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
             raise ConfigError(f"{where}: missing field 'head_dim' (required for qwen3)")
         if num_heads < 1:  # before dividing by it
             raise ConfigError(f"{where}: field 'num_attention_heads' = {num_heads}; expected a positive integer")
+        if hidden_size % num_heads:
+            raise ConfigError(f"{where}: field 'hidden_size' = {hidden_size} does not divide into "
+                              f"num_attention_heads={num_heads} heads; expected a multiple of it (or a 'head_dim' field)")
         head_dim = hidden_size // num_heads
     rope_theta, rope_scaling = _parse_rope(raw, where)
 

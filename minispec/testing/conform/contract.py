@@ -29,6 +29,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from minispec.checks import returned_index
+from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams, logits_to_probs
 
 Distribution = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (p [V], q [V]) -> [V]
@@ -93,16 +95,84 @@ class Engine:
     note: str = ""
     options: dict = field(default_factory=dict)
 
+    # Every call into the engine goes through these four: what it returns is checked by one rule
+    # (minispec.checks.returned_index for ids and counts, `distribution` and `probability` below),
+    # and what it raises or returns outside the contract is Broken, which the suite turns into a
+    # FAIL verdict naming it. Its inputs are copies: an engine that writes into them changes nothing.
+
     def __call__(self, inp: StepInput) -> StepOutput:
-        return as_output(self.step(inp))
+        return as_output(plugin(lambda: self.step(inp), f"{self.name}: step"), inp.gamma, inp.target_logits.shape[1])
+
+    def batch(self, inputs: Sequence[StepInput]) -> list[StepOutput]:
+        outs = plugin(lambda: self.batch_step(list(inputs)), f"{self.name}: batch_step")
+        if isinstance(outs, (str, bytes)) or not isinstance(outs, Sequence) or len(outs) != len(inputs):
+            raise Broken(f"{self.name}: batch_step returned {describe(outs)} for {len(inputs)} inputs; expected "
+                         f"a list of {len(inputs)} outputs, one per input")
+        return [as_output(o, i.gamma, i.target_logits.shape[1]) for o, i in zip(outs, inputs)]
+
+    def claim(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """claims(p, q), checked: a distribution over p's vocabulary, [V] float64."""
+        c = plugin(lambda: self.claims(p.clone(), q.clone()), f"{self.name}: claims")
+        return distribution(c, p.shape[0], f"{self.name}: claims(p, q)")
+
+    def accept(self, c: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """accepts(c, q), checked: a probability, a 0-d float64 tensor."""
+        a = plugin(lambda: self.accepts(c.clone(), q.clone()), f"{self.name}: accepts")
+        return probability(a, f"{self.name}: accepts(c, q)")
 
 
-def as_output(out) -> StepOutput:
-    """A StepOutput from what an engine returned (a StepOutput, a pair, tensors of one element)."""
+class Broken(Exception):
+    """The engine raised, or returned something outside the contract: a FAIL verdict, not a crash."""
+
+
+def plugin(call: Callable[[], object], where: str):
+    """call(), with anything it raises as Broken naming `where` (the engine's code is not ours)."""
+    try:
+        return call()
+    except Broken:
+        raise
+    except Exception as err:  # noqa: BLE001 - user code
+        raise Broken(f"{where} raised {type(err).__name__}: {' '.join(str(err).split())}") from err
+
+
+def describe(value) -> str:
+    shape = f" of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else ""
+    return f"{type(value).__name__}{shape}"
+
+
+def as_output(out, gamma: int, vocab: int) -> StepOutput:
+    """A StepOutput from what an engine returned (a StepOutput, or a pair of ints or one-element integer
+    tensors), each field checked by minispec.checks.returned_index: no float truncated, no string parsed."""
     if isinstance(out, StepOutput):
-        return out
-    num_accepted, next_token = out
-    return StepOutput(int(num_accepted), int(next_token))
+        num_accepted, next_token = out.num_accepted, out.next_token
+    elif isinstance(out, (tuple, list)) and len(out) == 2:
+        num_accepted, next_token = out
+    else:
+        raise Broken(f"step returned {describe(out)}; expected a StepOutput or a (num_accepted, next_token) pair")
+    try:
+        return StepOutput(returned_index(num_accepted, "num_accepted", gamma + 1),
+                          returned_index(next_token, "next_token", vocab))
+    except MinispecError as err:
+        raise Broken(f"step returned {err}") from None
+
+
+def distribution(value, vocab: int, where: str) -> torch.Tensor:
+    """A claimed distribution: a real tensor [vocab], finite, >= 0, summing to 1 within 1e-6 -> float64."""
+    if not isinstance(value, torch.Tensor) or value.shape != (vocab,) or value.is_complex() or value.dtype == torch.bool:
+        raise Broken(f"{where} returned {describe(value)}; expected a real tensor of shape [{vocab}]")
+    value = value.detach().to(torch.float64).cpu()
+    if not torch.isfinite(value).all() or (value < 0).any() or abs(float(value.sum()) - 1.0) > 1e-6:
+        raise Broken(f"{where} returned {value.tolist()}; expected a distribution (finite, >= 0, summing to 1)")
+    return value
+
+
+def probability(value, where: str) -> torch.Tensor:
+    """A closed-form acceptance: a number or one-element real tensor in [0, 1] -> a 0-d float64 tensor."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool:
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:  # also nan
+        raise Broken(f"{where} returned {value!r}; expected a probability in [0, 1]")
+    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def step_input(target_logits: torch.Tensor, draft_logits: torch.Tensor, draft_tokens: torch.Tensor,
