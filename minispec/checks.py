@@ -3,6 +3,9 @@
     is_int(value)                    an integer that is not a bool (True is an int to Python, not a size)
     positive_int(value, name)        an integer >= 1, else a one-line MinispecError naming `name`
     check_gamma(gamma)               the most draft tokens per verify step: positive_int(gamma, "gamma")
+    distribution(x, where)           a tensor of probabilities (last dim): real, finite, >= 0, summing to 1
+    counts(x, where)                 a tensor of outcome counts: integers >= 0
+    same_shape(a, b, where)          two tensors compared cell by cell: no broadcasting
     returned_index(value, where, n)  what a plug-in (a policy, an engine, a batch form) returned as a count
                                      or a token id: an int in [0, n), or one MinispecError line naming `where`
 
@@ -50,3 +53,42 @@ def returned_index(value, where: str, upper: int | None = None) -> int:
         raise MinispecError(f"{where} = {value}; expected 0 <= {where.rsplit('.', 1)[-1]} < {upper}" if upper is not None
                             else f"{where} = {value}; expected an int >= 0")
     return int(value)
+
+
+def distribution(x, where: str, atol: float = 1e-6):
+    """x as float64 if it is a tensor of probabilities along its last dim (real, finite, >= 0, each
+    row summing to 1 within atol); else a MinispecError naming `where`. No clamp: a nan is refused,
+    never turned into a best-possible 0."""
+    import torch
+
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.is_complex() or x.dtype == torch.bool:
+        raise MinispecError(f"{where}: {type(x).__name__}; expected a real tensor of probabilities")
+    x = x.to(torch.float64)
+    if not bool(torch.isfinite(x).all()) or bool((x < 0).any()):
+        raise MinispecError(f"{where}: holds a negative, nan or infinite value; expected probabilities >= 0")
+    worst = float((x.sum(-1) - 1).abs().max())
+    if worst > atol:
+        raise MinispecError(f"{where}: a row sums to 1 {'+' if float(x.sum(-1).max()) > 1 else '-'} {worst:.3g}; "
+                            "expected probabilities summing to 1")
+    return x
+
+
+def counts(x, where: str):
+    """x as float64 if it is a tensor of counts (whole numbers >= 0); else a MinispecError naming `where`."""
+    import torch
+
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.is_complex() or x.dtype == torch.bool:
+        raise MinispecError(f"{where}: {type(x).__name__}; expected a tensor of counts")
+    x = x.to(torch.float64)
+    if not bool(torch.isfinite(x).all()) or bool((x < 0).any()) or bool((x != x.round()).any()):
+        raise MinispecError(f"{where}: holds a negative, fractional or non-finite value; expected whole counts >= 0")
+    return x
+
+
+def same_shape(a, b, where: str) -> None:
+    """Refuse, naming `where`, two tensors a cell-by-cell comparison would otherwise broadcast."""
+    if not hasattr(a, "shape") or not hasattr(b, "shape"):
+        raise MinispecError(f"{where}: {type(a).__name__} and {type(b).__name__}; expected two tensors")
+    if tuple(a.shape) != tuple(b.shape):
+        raise MinispecError(f"{where}: shapes {list(a.shape)} and {list(b.shape)}; expected the same shape "
+                            "(compared cell by cell, never broadcast)")

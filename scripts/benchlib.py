@@ -491,11 +491,11 @@ def weights_bytes(model) -> int:
 
 
 def load_transformers(ckpt: Path, dtype: torch.dtype):
-    """transformers' AutoModelForCausalLM from the same folder, or None if transformers is missing."""
-    try:
-        import transformers
-    except ImportError:
-        return None
+    """transformers' AutoModelForCausalLM from the same folder; a missing transformers is one line
+    naming the extra (a script's --no-transformers leaves these rows out on purpose)."""
+    from minispec.cli import extra
+
+    transformers = extra("transformers", "bench", "the transformers rows (leave them out with --no-transformers)")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     return transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).eval()

@@ -268,7 +268,7 @@ def test_generate_takes_several_prompts():
     (dict(prompts=[[1, 2], []]), "prompts[1]: prompt_ids: empty"),
     (dict(prompts=[[1, 2], [999]]), "prompts[1]: prompt_ids: token id 999 out of range"),
     (dict(seed=[1, 2, 3]), "seed = [1, 2, 3]; expected an integer, or a list of 2 integers (one per prompt)"),
-    (dict(seed=[1, -1]), "seed = -1; expected an integer 0 <= seed < 2**64"),
+    (dict(seed=[1, -1]), "seed[1] = -1 (prompt 1's seed); expected an integer 0 <= seed < 2**64"),
     (dict(batch_size=0), "batch_size = 0; expected an integer >= 1"),
     (dict(gamma=0, draft="ngram"), "gamma = 0; expected an integer >= 1"),
     (dict(draft="nope"), "draft='nope': unknown drafter"),

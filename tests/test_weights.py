@@ -187,6 +187,7 @@ MALFORMED = {  # what a damaged or foreign GGUF file's metadata can hold -> word
     "vocabulary-not-the-embedding": ({"tokenizer.ggml.tokens": TINY_TOKENS + ["extra"],
                                       "tokenizer.ggml.token_type": [3, 3, 3] + [1] * (len(TINY_TOKENS) - 2)},
                                      "tensor 'token_embd.weight' is [11, 32]; expected [12, 32]"),
+    "a-token-twice": ({"tokenizer.ggml.tokens": TINY_TOKENS[:-1] + ["ab"]}, "holds 'ab' twice (ids 7 and 10)"),
 }
 
 
@@ -519,7 +520,7 @@ def test_cli_without_gguf_package_says_what_to_install(tiny_gguf, tmp_path, monk
     monkeypatch.setattr(weights, "fetch_gguf", lambda workdir, **kwargs: tiny_gguf[0])
     assert main(["--dest", str(tmp_path / "ckpt")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert lines[-1].startswith("minispec.weights: error: the 'gguf' package is not installed")
+    assert lines[-1].startswith("minispec.weights: error: reading ") and "needs gguf, which is not installed" in lines[-1]
     assert "pip install 'minispec[gguf]'" in lines[-1] and "Traceback" not in "".join(lines)
 
 

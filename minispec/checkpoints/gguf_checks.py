@@ -68,6 +68,11 @@ def check_metadata(meta) -> None:
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
         raise CheckpointError(f"{path}: tokenizer.ggml.tokens is not a non-empty list of strings; expected the "
                               "vocabulary")
+    first_id: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        if first_id.setdefault(token, i) != i:  # a tokenizer.json vocabulary maps each string to ONE id
+            raise CheckpointError(f"{path}: tokenizer.ggml.tokens holds {token!r} twice (ids {first_id[token]} and {i}); "
+                                  "expected each token once")
     types = meta["tokenizer.ggml.token_type"]
     if not isinstance(types, list) or len(types) != len(tokens) or not all(is_int(t) for t in types):
         count = len(types) if isinstance(types, list) else type(types).__name__

@@ -25,6 +25,7 @@ the total time, at the cost of streaming itself.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Callable, Sequence
@@ -44,6 +45,7 @@ def check_pacing(chunk: int, interval: float) -> tuple[int, float]:
 def schedule(arrivals: Sequence[tuple[float, int]], chunk: int, interval: float) -> list[tuple[float, int]]:
     """Releases [(r_k, size_k)] for arrivals [(t_i, c_i)] (t nondecreasing, c >= 0): the rule above."""
     chunk, interval = check_pacing(chunk, interval)
+    check_arrivals(arrivals)
     total = sum(c for _, c in arrivals)
     releases: list[tuple[float, int]] = []
     available, i, released = 0, 0, 0
@@ -58,6 +60,19 @@ def schedule(arrivals: Sequence[tuple[float, int]], chunk: int, interval: float)
         releases.append((t, size))
         released += size
     return releases
+
+
+def check_arrivals(arrivals: Sequence[tuple[float, int]]) -> None:
+    """Arrivals [(t_i, c_i)]: finite times in nondecreasing order, counts integers >= 0."""
+    last = -math.inf
+    for i, item in enumerate(arrivals):
+        ok = isinstance(item, (tuple, list)) and len(item) == 2
+        t, c = item if ok else (None, None)
+        if not ok or isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < last \
+                or not is_int(c) or c < 0:
+            raise MinispecError(f"pacing: arrivals[{i}] = {item!r}; expected (time, count) with finite times in "
+                                "nondecreasing order and counts >= 0")
+        last = t
 
 
 def whole(arrivals: Sequence[tuple[float, int]]) -> list[tuple[float, int]]:
@@ -77,6 +92,9 @@ class PacedStream:
     def __init__(self, deliver: Callable[[list[int]], None], chunk: int, interval: float,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.chunk, self.interval = check_pacing(chunk, interval)
+        if not callable(deliver) or not callable(clock):
+            raise MinispecError(f"pacing: deliver = {deliver!r}, clock = {clock!r}; expected functions")
+        self.error: BaseException | None = None  # what deliver raised on the pacing thread
         self.deliver, self.clock = deliver, clock
         self.buffer: list[int] = []
         self.done = False
@@ -87,6 +105,7 @@ class PacedStream:
         self.thread.start()
 
     def __call__(self, tokens: list[int], num_accepted: int, num_drafted: int) -> None:
+        self.raise_if_failed()
         with self.ready:
             if self.start is None:
                 self.start = self.clock()
@@ -98,6 +117,13 @@ class PacedStream:
             self.done = True
             self.ready.notify()
         self.thread.join()
+        self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        """An exception of deliver's, raised on the pacing thread, raised again here (never lost)."""
+        if self.error is not None:
+            raise MinispecError(f"pacing: deliver raised {type(self.error).__name__}: "
+                                f"{' '.join(str(self.error).split())}") from self.error
 
     def _run(self) -> None:
         while True:
@@ -113,4 +139,9 @@ class PacedStream:
             with self.ready:
                 out, self.buffer = self.buffer[:size], self.buffer[size:]
             self.releases.append((self.clock(), size))
-            self.deliver(out)
+            try:
+                self.deliver(out)
+            except Exception as err:  # noqa: BLE001 - user code: kept for the generating thread
+                with self.ready:
+                    self.error, self.buffer, self.done = err, [], True
+                return

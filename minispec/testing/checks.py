@@ -94,9 +94,29 @@ def require_factory(check: str, factory, expected: str) -> None:
         raise MinispecError(f"{check}({factory!r}): not callable ({type(factory).__name__}); expected {expected}")
 
 
+CACHE_METHODS = ("check_room", "positions", "mask", "write", "advance", "truncate")  # what the model calls
+
+
+def require_cache(check: str, factory, batch_size: int) -> None:
+    """Build one small cache with `factory` (as the checks will) and refuse, in one line naming the
+    check, a factory that raises or returns something the model cannot use (None, a list, ...)."""
+    name = getattr(factory, "__name__", repr(factory))
+    try:
+        cache = factory(2, batch_size, 2, 8, 4, dtype=torch.float64, device="cpu")
+    except Exception as err:  # noqa: BLE001 - user code
+        raise MinispecError(f"{check}({name}): cache_factory(num_layers, batch_size, num_kv_heads, max_seq_len, "
+                            f"head_dim, dtype=, device=) raised {type(err).__name__}: {' '.join(str(err).split())}"
+                            ) from None
+    missing = [m for m in CACHE_METHODS if not hasattr(cache, m)]
+    if missing:
+        raise MinispecError(f"{check}({name}): cache_factory(...) returned {type(cache).__name__}, which has no "
+                            f"{', '.join(missing)}; expected a cache (a KVCache or one with its methods)")
+
+
 def check_cache(cache_factory=KVCache, *, max_len: int = 40, progress: bool = True) -> None:
     """Run the append / verify-chunk / truncate state machine against `cache_factory`."""
     require_factory("check_cache", cache_factory, "a cache class (KVCache's constructor) or a function that makes one")
+    require_cache("check_cache", cache_factory, 1)
     machine = make_cache_machine(cache_factory, max_len)
     name = getattr(cache_factory, "__name__", repr(cache_factory))
     _run(f"check_cache({name}): cache validity under appends and rollbacks",
@@ -110,6 +130,7 @@ def check_ragged_cache(cache_factory=None, *, batch_size: int = 3, max_len: int 
     if cache_factory is not None:
         require_factory("check_ragged_cache", cache_factory,
                         "a batch cache class (RaggedKVCache's constructor) or a function that makes one")
+        require_cache("check_ragged_cache", cache_factory, batch_size)
     machine = make_ragged_cache_machine(cache_factory, batch_size, max_len)
     name = getattr(cache_factory, "__name__", "RaggedKVCache") if cache_factory is not None else "RaggedKVCache"
     _run(f"check_ragged_cache({name}): every row equals a single cache under ragged appends and rollbacks",

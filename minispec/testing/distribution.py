@@ -7,10 +7,13 @@ down (enumerate every continuation of n tokens) and test observed counts against
 
 from __future__ import annotations
 
+import math
 from itertools import product
 
 import torch
 
+from minispec.checks import is_int
+from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams, logits_to_probs
 
 
@@ -32,6 +35,13 @@ def chi_square_p_value(counts: dict, probs: dict, num_samples: int) -> float:
     """Pearson chi-square goodness of fit of `counts` to `probs`; cells whose expected count is
     below 5 are pooled into one (the usual validity rule for the chi-square approximation).
     An observed outcome of probability 0 gives p-value 0."""
+    values = list(probs.values())
+    if not values or any(not math.isfinite(p) or p < 0 for p in values) or abs(sum(values) - 1) > 1e-6:
+        raise MinispecError("chi_square_p_value: probs are not a distribution (finite, >= 0, summing to 1)")
+    whole = all((is_int(c) or isinstance(c, float) and c.is_integer()) and c >= 0 for c in counts.values())
+    if not whole or sum(counts.values()) != num_samples:
+        raise MinispecError(f"chi_square_p_value: counts are not whole numbers >= 0 summing to num_samples = "
+                            f"{num_samples}")
     if any(probs.get(k, 0.0) == 0.0 and c > 0 for k, c in counts.items()):
         return 0.0
     small = [k for k in probs if probs[k] * num_samples < 5]

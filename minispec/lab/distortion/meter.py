@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from minispec.acceptance.base import AcceptancePolicy, Decision, VerifyInput
+from minispec.checks import distribution, is_int, same_shape
+from minispec.errors import MinispecError
 from minispec.lab.distortion.forms import (LOSSLESS_BY_THEOREM, Form, FormContext, NotCovered, form_of,
                                                   rows)
 
@@ -46,13 +48,15 @@ METER_STREAM = 0x5DEECE66D  # keeps the meter's mask draws apart from every othe
 
 
 def total_variation(pi: torch.Tensor, p: torch.Tensor) -> float:
-    """TV = 1/2 sum |pi - p| over the last dim, float64."""
-    return 0.5 * float((pi.to(F64) - p.to(F64)).abs().sum())
+    """TV = 1/2 sum |pi - p| over the last dim, float64 (two distributions of one shape)."""
+    same_shape(pi, p, "total_variation(pi, p)")
+    return 0.5 * float((distribution(pi, "total_variation: pi") - distribution(p, "total_variation: p")).abs().sum())
 
 
 def kl_from_target(p: torch.Tensor, pi: torch.Tensor) -> float:
     """KL(p || pi) = sum p ln(p / pi), 0 ln 0 = 0; inf where pi = 0 < p. Round-off below 0 is clamped."""
-    p, pi = p.to(F64), pi.to(F64)
+    same_shape(p, pi, "kl_from_target(p, pi)")
+    p, pi = distribution(p, "kl_from_target: p"), distribution(pi, "kl_from_target: pi")  # no nan reaches the clamp
     if bool(((pi <= 0) & (p > 0)).any()):
         return math.inf
     return max(0.0, float((torch.xlogy(p, p) - torch.xlogy(p, pi)).sum()))
@@ -81,6 +85,8 @@ def position_distortion(policy: AcceptancePolicy, inp: VerifyInput, row: int, co
     p_row, q_row = rows(inp, row)
     if form.kind == "bound":
         extra = float((q_row * (form.accept - form.base_accept)).sum())
+        if not math.isfinite(extra):  # a clamp would turn nan into the best possible answer, 0
+            raise MinispecError(f"distortion bound at row {row}: {extra}; expected a finite acceptance gap")
         return PositionDistortion(min(1.0, max(0.0, extra)), math.nan, "bound")
     pi = output_distribution(form, q_row)
     tv, kl = total_variation(pi, p_row), kl_from_target(p_row, pi)
@@ -103,6 +109,12 @@ class DistortionMeter(AcceptancePolicy):
     """
 
     def __init__(self, policy: AcceptancePolicy, draws: int = 16, seed: int = 0) -> None:
+        if not isinstance(policy, AcceptancePolicy):
+            raise MinispecError(f"DistortionMeter: policy = {policy!r}; expected an AcceptancePolicy")
+        if not is_int(draws) or not 1 <= draws <= 1024:
+            raise MinispecError(f"DistortionMeter: draws = {draws!r}; expected an integer in 1..1024")
+        if not is_int(seed) or not 0 <= seed < 2**63:
+            raise MinispecError(f"DistortionMeter: seed = {seed!r}; expected an integer 0 <= seed < 2**63")
         self.policy = policy
         self.name = policy.name
         self.lossless = policy.lossless

@@ -31,6 +31,8 @@ from itertools import product
 
 import torch
 
+from minispec.checks import is_int
+from minispec.errors import MinispecError
 from minispec.testing.conform import stats
 from minispec.testing.conform.contract import Broken, Engine, StepInput, StepOutput, step_input
 
@@ -44,6 +46,15 @@ class Budget:
     start: int = 4000
     limit: int = 64000
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not 0 < self.delta < 0.5:
+            raise MinispecError(f"Budget: delta = {self.delta!r}; expected a total variation in (0, 0.5)")
+        for name, lo, hi in (("start", 1, 10**7), ("limit", self.start if is_int(self.start) else 1, 10**7),
+                             ("seed", 0, 2**63 - 1)):
+            value = getattr(self, name)
+            if not is_int(value) or not lo <= value <= hi:
+                raise MinispecError(f"Budget: {name} = {value!r}; expected an integer in {lo}..{hi}")
 
 
 @dataclass

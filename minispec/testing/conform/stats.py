@@ -22,6 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from minispec.checks import counts as check_counts, distribution, same_shape
+from minispec.errors import MinispecError
+
 ALPHA = 1e-4  # a correct engine fails a check with probability 1e-4
 MIN_POWER = 0.99
 REPS = 300
@@ -39,8 +42,11 @@ class Fit:
 def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> Fit:
     """Pearson's chi-square of counts [C] against probs [C]; cells expected fewer than MIN_EXPECTED
     times pooled into one; an outcome of probability 0 that occurred gives p-value 0."""
-    counts, probs = counts.double(), probs.double()
+    same_shape(counts, probs, "chi_square(counts, probs)")
+    counts, probs = check_counts(counts, "chi_square: counts"), distribution(probs, "chi_square: probs")
     n = int(counts.sum())
+    if n == 0:
+        raise MinispecError("chi_square: no outcomes counted; expected at least one")
     if bool(((probs == 0) & (counts > 0)).any()):
         return Fit(float("inf"), 0, 0.0, n)
     expected = probs * n  # [C]
@@ -61,6 +67,7 @@ def tilt(probs: torch.Tensor, delta: float) -> torch.Tensor:
     the cells split in two sets, A (filled from the most probable down while it holds at most half
     the mass, at least one cell) and the rest; the lighter set scaled up by delta / its mass, the
     heavier down by delta / its mass (which, holding half the mass or more, always has room for it)."""
+    probs = distribution(probs, "tilt: probs")
     order = torch.argsort(probs, descending=True)
     cumulative = torch.cumsum(probs[order], 0)
     in_a = torch.zeros_like(probs, dtype=torch.bool)
