@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from minispec.lab.draft_length import Priced
 from minispec.chain.drafters import make_drafter
@@ -66,8 +67,11 @@ def test_the_first_prices_are_kept_and_later_runs_use_them(measured):
     assert step_cost.costs(model, make_drafter("early-exit:1", model), 3) == [1.0, 9.0, 9.0, 9.0]  # another draft
 
 
-@pytest.mark.parametrize("stored", ["x,y", "1.0,2.0", "1.0,nan,1,1", "1.0,0,1,1", "1.0,-2,1,1"])
-def test_a_kept_answer_that_is_not_gamma_plus_one_positive_numbers_is_measured_again(measured, stored):
+@pytest.mark.parametrize("stored", ["x,y", "1.0,2.0", "1.0,nan,1,1", "1.0,0,1,1", "1.0,-2,1,1",
+                                    "1.0,100,100,100", "2.0,2.1,2.2,2.3", "1.0,1.9,1.1,1.6", "1.0,1.1,1.2,50"])
+def test_a_kept_answer_that_cannot_be_true_is_measured_again(measured, stored):
+    """Not gamma + 1 positive numbers, or against what holds by construction: c(0) = 1, c
+    nondecreasing, c(g) <= g + 1 without a draft model (a hand edit pinning the schedule off)."""
     model = target()
     drafter = make_drafter("ngram", model)
     step_cost.costs(model, drafter, 3)
@@ -79,3 +83,30 @@ def test_a_kept_answer_that_is_not_gamma_plus_one_positive_numbers_is_measured_a
     path.write_text(json.dumps(kept))
     measured["answer"] = [1.0, 1.1, 1.2, 1.3]
     assert step_cost.costs(model, drafter, 3) == [1.0, 1.1, 1.2, 1.3] and measured["calls"] == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(gamma=st.integers(1, 8), base=st.floats(1e-4, 1.0), growth=st.lists(st.floats(0.0, 1.0), min_size=8, max_size=8),
+       draft=st.floats(0.0, 1.0), with_draft=st.booleans())
+def test_every_price_list_a_real_measurement_can_give_is_plausible(gamma, base, growth, draft, with_draft):
+    """Timings that obey the construction (a pass of k rows costs between one and k passes of one
+    row, each longer pass at least the shorter; a draft token at most the bound) always give prices
+    plausible() keeps: the check never throws away a true answer."""
+    seconds, t = {1: base}, base
+    for k in range(2, gamma + 2):
+        t = min(t + growth[k - 2] * base, k * base)  # nondecreasing, at most k x t_pass(1)
+        seconds[k] = t
+    share = 2.0 if with_draft else 0.0
+    if with_draft:
+        seconds["draft"] = draft * share * base
+    values = [round(v, 4) for v in step_cost.from_timings(seconds, gamma)]
+    assert step_cost.plausible(values, gamma, share), values
+
+
+def test_the_draft_share_bound_follows_the_draft_models_weights():
+    model = target()
+    assert step_cost.draft_share_bound(model, make_drafter("ngram", model)) == 0.0
+    full = step_cost.draft_share_bound(model, make_drafter(random_model(tiny_config(), 1, dtype=torch.float32), model))
+    assert full == pytest.approx(step_cost.DRAFT_READS)  # the same shapes and dtype: the same bytes
+    early = step_cost.draft_share_bound(model, make_drafter("early-exit:1", model))
+    assert early == pytest.approx(step_cost.DRAFT_READS / 2)  # one of two layers

@@ -74,17 +74,59 @@ def measure_costs(target: Transformer, drafter, gamma: int, reps: int = 5) -> li
     return from_timings(timings(target, drafter, gamma, reps), gamma)
 
 
-def costs(target: Transformer, drafter, gamma: int) -> list[float]:
-    """c(0..gamma) for this target and drafter on this machine: the kept answer, else measured now and kept."""
+def question(target: Transformer, drafter, gamma: int) -> str:
+    """The probe cache's question for these prices: everything c(g) depends on besides the machine
+    (probe_cache.machine_key: the CPU, threads, torch): gamma, both models' kinds, dtypes and shapes,
+    and the drafter's depth (an early exit's num_layers)."""
     model = getattr(drafter, "model", None)
     draft = _describe(model, getattr(drafter, "num_layers", None)) if isinstance(model, Transformer) else "none"
-    question = f"step costs gamma={gamma} target={_describe(target, None)} draft={draft}"
-    kept = probe_cache.load(question)
+    return f"step costs gamma={gamma} target={_describe(target, None)} draft={draft}"
+
+
+SLACK = 1.25  # round-off and timing noise allowed around what holds by construction
+
+
+def draft_share_bound(target: Transformer, drafter) -> float:
+    """The most t_draft / t_pass(1) can be: 0 without a draft model; else DRAFT_READS times the draft's
+    weight bytes (its first num_layers blocks for an early exit) over the target's (decoding one row
+    is reading the weights: time follows bytes)."""
+    model = getattr(drafter, "model", None)
+    if not isinstance(model, Transformer):
+        return 0.0
+    layers = getattr(drafter, "num_layers", None) or model.config.num_layers
+    return DRAFT_READS * _weight_bytes(model) * layers / model.config.num_layers / _weight_bytes(target)
+
+
+DRAFT_READS = 4.0  # a draft row may cost a few times its weight reads (a small model's fixed overheads)
+
+
+def _weight_bytes(model: Transformer) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters()) or 1
+
+
+def plausible(values: list[float] | None, gamma: int, draft_share: float = 0.0) -> bool:
+    """Whether kept prices can be true, by construction of c(g) (module docstring): gamma + 1 finite
+    values, c(0) = 1 exactly, c nondecreasing in g (a longer step never costs less; within SLACK),
+    and c(g) <= SLACK ((g + 1) + g draft_share): a pass of g + 1 rows costs at most g + 1 passes of
+    one, and each draft at most draft_share (draft_share_bound). A hand edit of the kept prices
+    that would switch speculation off (c(1) far above 2 with no draft model) is refused and measured anew."""
+    if values is None or len(values) != gamma + 1 or not all(math.isfinite(v) and v > 0 for v in values):
+        return False
+    if values[0] != 1.0 or any(b < a / SLACK for a, b in zip(values, values[1:])):
+        return False
+    return all(v <= SLACK * ((g + 1) + g * draft_share) for g, v in enumerate(values))
+
+
+def costs(target: Transformer, drafter, gamma: int) -> list[float]:
+    """c(0..gamma) for this target and drafter on this machine: the kept answer if it is plausible(),
+    else measured now and kept."""
+    asked = question(target, drafter, gamma)
+    kept = probe_cache.load(asked)
     try:
         values = [float(v) for v in kept.split(",")] if kept is not None else None
     except ValueError:
         values = None
-    if values is None or len(values) != gamma + 1 or not all(math.isfinite(v) and v > 0 for v in values):
+    if not plausible(values, gamma, draft_share_bound(target, drafter)):
         values = [round(v, 4) for v in measure_costs(target, drafter, gamma)]  # as kept: the next run's prices
-        probe_cache.store(question, ",".join(f"{v:.4f}" for v in values))
+        probe_cache.store(asked, ",".join(f"{v:.4f}" for v in values))
     return values
