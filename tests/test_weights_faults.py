@@ -173,8 +173,25 @@ def test_work_folder_and_lock_are_removed_on_every_exit_python_sees(tiny, offlin
 
     monkeypatch.setattr(weights, "convert_gguf", interrupted)
     with pytest.raises(fault):
-        ensure_default_checkpoint(tmp_path / "home" / "ckpt", quiet=True)
-    assert list((tmp_path / "home").iterdir()) == []
+        ensure_default_checkpoint(tmp_path / "home" / "deep" / "ckpt", quiet=True)
+    assert not (tmp_path / "home").exists()  # the folders this conversion made are gone too
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "mine.txt").write_text("x")
+    with pytest.raises(fault):
+        ensure_default_checkpoint(tmp_path / "home" / "deep" / "ckpt", quiet=True)
+    assert [p.name for p in (tmp_path / "home").iterdir()] == ["mine.txt"]  # what was there before stays
+
+
+@pytest.mark.parametrize("value", [" ", "\t", "  \n"])
+def test_a_blank_minispec_home_is_one_line_and_makes_no_folder(tmp_path, monkeypatch, value):
+    from minispec.checkpoints.disk import minispec_home
+    from minispec.errors import CheckpointError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINISPEC_HOME", value)
+    with pytest.raises(CheckpointError, match="MINISPEC_HOME .*: blank; expected a folder path"):
+        minispec_home()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_only_this_destinations_stale_work_folders_are_removed(tiny, offline, tmp_path):

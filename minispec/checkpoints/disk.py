@@ -69,6 +69,8 @@ def env_folder(variable: str) -> Path | None:
     value = os.environ.get(variable)
     if not value:
         return None
+    if not value.strip():  # a folder named by spaces would be made in the current folder, unseen
+        raise CheckpointError(f"{variable} = {value!r}: blank; expected a folder path, or the variable unset")
     if "\0" in value:
         raise CheckpointError(f"{variable} = {value!r}: holds a NUL byte; expected a folder path")
     try:
@@ -85,3 +87,23 @@ def home() -> Path:
     except (RuntimeError, KeyError) as error:
         raise CheckpointError(f"no home folder ({error}); expected HOME to be set, or MINISPEC_HOME to name the "
                               "folder for checkpoints and caches") from None
+
+
+def make_folders(folder: Path) -> list[Path]:
+    """mkdir -p `folder`; the folders this call made, deepest last (for remove_made_folders)."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+def remove_made_folders(made: list[Path]) -> None:
+    """Undo make_folders where nothing else was put in them since: deepest first, empty ones only."""
+    for path in reversed(made):
+        try:
+            path.rmdir()
+        except OSError:  # not empty (another process's file), or already gone: leave it
+            break

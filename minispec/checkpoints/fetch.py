@@ -61,7 +61,8 @@ except ImportError:  # Windows
 
 from minispec.cli import Parser, nonempty, run_main
 from minispec.checkpoints.convert import OUTPUT_DTYPES, convert_gguf
-from minispec.checkpoints.disk import MiB, minispec_home, require_free, user_cache_dir, write_failure
+from minispec.checkpoints.disk import (MiB, make_folders, minispec_home, remove_made_folders, require_free, user_cache_dir,
+                                      write_failure)
 from minispec.errors import CheckpointError, MinispecError
 from minispec.checkpoints.known import DEFAULT, KNOWN, KnownCheckpoint, listing
 
@@ -296,19 +297,23 @@ def _conversion_lock(dest: Path, quiet: bool):
     locked (see `_acquire_lock` for why that is safe). Without fcntl (Windows) nothing is locked.
     """
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        made = make_folders(dest.parent)
     except OSError as error:
         raise _unwritable(dest.parent, error) from None
-    if fcntl is None:
-        yield
-        return
-    lock_path = dest.parent / f".{dest.name}.lock"
-    fd = _acquire_lock(lock_path, dest, quiet)
     try:
-        yield
-    finally:
-        lock_path.unlink(missing_ok=True)
-        os.close(fd)
+        if fcntl is None:
+            yield
+            return
+        lock_path = dest.parent / f".{dest.name}.lock"
+        fd = _acquire_lock(lock_path, dest, quiet)
+        try:
+            yield
+        finally:
+            lock_path.unlink(missing_ok=True)
+            os.close(fd)
+    except BaseException:  # a failed or interrupted conversion leaves none of the folders it made
+        remove_made_folders(made)
+        raise
 
 
 def _acquire_lock(lock_path: Path, dest: Path, quiet: bool) -> int:
