@@ -37,28 +37,35 @@ def context(draws: int = 16, seed: int = 0) -> FormContext:
     return FormContext(torch.Generator().manual_seed(seed), draws)
 
 
-def one_draft_input(case: int, temperature: float, vocab: int = 4) -> VerifyInput:
+def one_draft_input(case: int, temperature: float, vocab: int = 4, top_k: int | None = None,
+                    top_p: float | None = None) -> VerifyInput:
     """gamma 1: a draft distribution q and (after with_head) a target from a random head; the draft
     token is set per test."""
     gen = torch.Generator().manual_seed(500 + case)
-    params = SamplingParams(temperature)
+    params = SamplingParams(temperature, top_k, top_p)
     draft_logits = 1.5 * torch.randn(1, vocab, generator=gen, dtype=F64)  # [1, V]
     placeholder = torch.zeros(2, vocab, dtype=F64)  # replaced by the head's logits
     return VerifyInput(torch.tensor([0]), logits_to_probs(draft_logits, params), placeholder, placeholder, params,
                        torch.Generator(), draft_logits)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+# The slices: T in {0, 1} (where softmax(target_logits) is p_target) and far from 1 with the filters
+# on (where a form or a rule reading the raw logits instead of p_target is off).
+SLICES = {"T0": (0.0, None, None), "T1": (1.0, None, None), "T0.3-top3": (0.3, 3, None), "T2-top0.9": (2.0, None, 0.9)}
+
+
+@pytest.mark.parametrize("slice_", sorted(SLICES))
 @pytest.mark.parametrize("name", sorted(RULES))
-def test_the_form_is_the_distribution_the_policy_emits(name, temperature):
+def test_the_form_is_the_distribution_the_policy_emits(name, slice_):
     """For each draft token x the policy decides 800 times over its own coins and masks (a fresh seed
     each); what it emits is compared by chi-square with the form's a(x) e_x + (1 - a(x)) r, x by x
     (each x at the floor / V, a Bonferroni split). A Monte Carlo form's a(x) is the mean of 4000 mask
     draws: its error, <= 0.008, is under a third of the counts' ~0.018 at 800."""
     vocab, coins = 4, 800
-    for case in range(2):
+    temperature, top_k, top_p = SLICES[slice_]
+    for case in range(2 if slice_ in ("T0", "T1") else 1):
         policy = acceptance.get(name, **RULES[name])
-        inp = with_head(one_draft_input(case, temperature, vocab), seed=case)
+        inp = with_head(one_draft_input(case, temperature, vocab, top_k, top_p), seed=case)
         form = form_of(policy, inp, 0, context(draws=4000, seed=case))
         for x in range(vocab):
             expected = form.accept[x] * torch.nn.functional.one_hot(torch.tensor(x), vocab) + \

@@ -142,13 +142,20 @@ def check_ragged_cache(cache_factory=None, *, batch_size: int = 3, max_len: int 
 
 
 @st.composite
-def verify_inputs(draw, max_gamma: int = 5, max_vocab: int = 8, temperature: float | None = None) -> VerifyInput:
-    """Random but consistent policy inputs: drafts drawn from their own q_draft (float64)."""
+def verify_inputs(draw, max_gamma: int = 5, max_vocab: int = 8, temperature: float | None = None,
+                  filters: bool = True) -> VerifyInput:
+    """Random but consistent policy inputs: drafts drawn from their own q_draft (float64).
+
+    The slices are drawn, not only T in {0, 1} where softmax(target_logits) and p_target coincide:
+    temperatures far from 1 (0.3, 2.0) and, at T > 0 with `filters`, top-k and top-p, so a rule
+    that reads the raw logits where its definition reads the processed p_target is caught."""
     gamma = draw(st.integers(0, max_gamma))
     vocab = draw(st.integers(2, max_vocab))
-    temp = draw(st.sampled_from([0.0, 0.7, 1.0])) if temperature is None else temperature
+    temp = draw(st.sampled_from([0.0, 0.3, 0.7, 1.0, 2.0])) if temperature is None else temperature
+    top_k = draw(st.one_of(st.none(), st.integers(1, vocab))) if filters and temp > 0 else None
+    top_p = draw(st.sampled_from([None, 0.5, 0.9])) if filters and temp > 0 else None
     gen = torch.Generator().manual_seed(draw(seeds))
-    params = SamplingParams(temp)
+    params = SamplingParams(temp, top_k, top_p)
     target_logits = 2 * torch.randn(gamma + 1, vocab, generator=gen, dtype=torch.float64)  # [gamma+1, V]
     draft_logits = 2 * torch.randn(gamma, vocab, generator=gen, dtype=torch.float64)  # [gamma, V]
     q_draft = logits_to_probs(draft_logits, params)  # [gamma, V]
