@@ -165,7 +165,7 @@ class PooledStats:
         generated = sum(len(r.tokens) for r in results)
         stats = {
             "num_prompts": len(results),
-            "batch_size": batch_size,
+            "batch_size": min(batch_size, len(results)),  # the most decoded together (docs/metrics.md)
             "num_prompt_tokens": sum(r.stats["num_prompt_tokens"] for r in results),
             "num_generated_tokens": generated,
             "prefill_seconds": self.prefill_seconds,
