@@ -115,7 +115,7 @@ def test_stdin_chat_flags_and_stats(tiny, capsys, monkeypatch):
     code, out, err = run_cli(capsys, *common(tiny, "--prompt-file", "-", "--batch-size", "8", "--system", "Be brief.",
                                             "--stats"))
     assert code == 0 and out.count("=== prompt ") == 2
-    assert "plain decoding: " in err and "batch: 2 prompts, batch size 8, aggregate " in err
+    assert "plain decoding: " in err and "batch: 2 prompts, batch size 2, aggregate " in err  # --batch-size 8, two prompts: 2 decoded together
     monkeypatch.setattr(sys, "stdin", io.StringIO("one\r\ntwo\n"))
     code, out, _ = run_cli(capsys, *common(tiny, "--prompt-file", "-", "--batch-size", "1", "--raw", "--json"))
     tokens = [r["prompt_tokens"] for r in json.loads(out)["results"]]
