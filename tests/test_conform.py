@@ -112,3 +112,63 @@ def test_the_command_names_a_bad_engine_in_one_line(capsys):
         assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
+
+
+# ------------------------------------------------------------------ the command, end to end
+
+def table_of(markdown: str) -> dict[str, dict[str, str]]:
+    """The verdict table as {invariant: {engine: cell}}, parsed from the command's stdout."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    engines = [cell.strip() for cell in lines[0].strip("|").split("|")][1:]
+    rows = {}
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(engines, cells[1:]))
+    return rows
+
+
+BROKEN_ENGINE = '''
+from minispec.testing.conform import Engine
+
+def step(inp):
+    return 0, 0  # always rejects and always emits token 0: not the target's argmax
+
+engine = Engine("always zero", step, claims=None, accepts=None)
+'''
+
+
+def test_the_command_runs_end_to_end_and_its_exit_status_is_the_verdict(tmp_path):
+    import subprocess
+
+    (tmp_path / "user_engines.py").write_text(BROKEN_ENGINE)
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "minispec.testing.conform", *argv, "--delta", "0.25"],  # noqa: E731
+                                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    good = run("minispec:sampling", "minispec:exact")
+    assert good.returncode == 0, good.stderr
+    table = table_of(good.stdout)
+    assert list(table) == list(INVARIANTS)
+    assert {row["minispec sampling"] for row in table.values()} == {"pass"}
+    assert {table[k]["minispec exact"] for k in ("greedy", "zero_probability", "seeded", "batch_independent")} == {"pass"}
+    assert good.stderr.splitlines()[-3:-1] == ["minispec.testing.conform: minispec sampling: 0 failed",
+                                                "minispec.testing.conform: minispec exact: 0 failed"]
+    bad = run("user_engines:engine")
+    assert bad.returncode == 1, bad.stderr
+    assert table_of(bad.stdout)["greedy"]["always zero"] == "FAIL"
+    assert "minispec.testing.conform: always zero: " in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_planted_bugs_the_suite_misses_fail_the_command(monkeypatch, capsys):
+    """--planted exits 0 only when every plant is caught by the invariant meant for it: a plant
+    aimed at the wrong invariant (planted here by hand) is a NO and exit status 1."""
+    import dataclasses
+
+    from minispec.testing.conform import planted, report
+
+    caught = dataclasses.replace(planted.PLANTS[1])
+    missed = dataclasses.replace(planted.PLANTS[1], name="aimed-elsewhere", catches="seeded")
+    monkeypatch.setattr(report, "PLANTS", [caught])
+    assert main(["--planted", "--delta", "0.25"]) == 0
+    assert "| `draft-not-warped` |" in capsys.readouterr().out
+    monkeypatch.setattr(report, "PLANTS", [missed])
+    assert main(["--planted", "--delta", "0.25"]) == 1
+    assert "seeded (NO)" in capsys.readouterr().out

@@ -3,6 +3,9 @@
     python -m minispec.testing.conform transformers transformers:w=0.5 minispec:sampling
     python -m minispec.testing.conform all                     transformers (plain, w = 0.5), sample-then-match, every minispec policy
     python -m minispec.testing.conform --planted               each planted bug class: caught, and by what
+
+Exit status: 0 when every engine keeps every invariant (and, with --planted, every planted bug is
+caught by the invariant meant for it); 1 otherwise; 2 for a bad ENGINE or flag (one line).
     python -m minispec.testing.conform mypackage.mymodule:engine   your own Engine (or a function returning one)
 
 Engines: `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
@@ -88,17 +91,20 @@ def evidence(results: dict[str, list[Verdict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def planted_table(budget: Budget) -> str:
+def planted_table(budget: Budget) -> tuple[str, bool]:
+    """The planted bug classes as a table, and whether every one was caught by its invariant."""
     rows = ["| bug class | seen in | planted | should fail | failed | evidence |", "|---|---|---|---|---|---|"]
+    all_caught = True
     for plant in PLANTS:
         verdicts = conform(planted_engine(plant), budget)
         failed = [v.invariant for v in verdicts if v.status == "FAIL"]
         mine = next(v for v in verdicts if v.invariant == plant.catches)
         caught = "**yes**" if plant.catches in failed else "NO"
+        all_caught &= plant.catches in failed
         rows.append(f"| {plant.bug} | {plant.seen_in} | `{plant.name}` | {plant.catches} ({caught}) | "
                     f"{', '.join(failed) or 'none'} | {mine.evidence} |")
         print(f"{PROG}: {plant.name}: {caught}", file=sys.stderr, flush=True)
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n", all_caught
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             failed = any(not v.passed for vs in results.values() for v in vs)
             print(verdict_table(results) + evidence(results))
         if args.planted:
-            print(planted_table(budget))
+            table, all_caught = planted_table(budget)
+            print(table)
+            failed = failed or not all_caught  # a planted bug the suite lets through fails the command
         print(f"{time.perf_counter() - started:.0f} s", file=sys.stderr)
         return 1 if failed else 0
 
