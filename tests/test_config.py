@@ -55,6 +55,7 @@ def test_qwen2_ignores_attention_bias_as_transformers_does():
         ({"model_type": "mistral"}, "field 'model_type' = 'mistral'; expected one of"),
         ({"hidden_size": None}, "missing field 'hidden_size'"),
         ({"num_key_value_heads": 3}, "field 'num_key_value_heads' = 3; expected a positive divisor"),
+        ({"hidden_size": 18, "head_dim": None}, "field 'hidden_size' = 18 does not divide into num_attention_heads"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "field 'rope_scaling.rope_type' = 'yarn'"),
         ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
          "missing field 'rope_parameters.low_freq_factor'"),

@@ -82,6 +82,7 @@ def test_revisions_and_drafts_by_repo_id(offline, real_ckpt, capsys):
     (["--ckpt", "acme/missing"], "--ckpt acme/missing: not a local folder, not in the hub cache"),
     (["--ckpt", "acme/smol@v9"], "--ckpt acme/smol@v9: not a local folder, not in the hub cache"),
     (["--ckpt", "acme/smol@v9", "--revision", "main"], "--ckpt acme/smol@v9: two revisions"),
+    (["--ckpt", "acme/smol@"], "--ckpt acme/smol@: nothing after '@'; expected owner/name@REVISION"),
     (["--ckpt", "./no/such/folder"], "--ckpt ./no/such/folder: no such folder; expected a checkpoint folder"),
     (["--ckpt", "acme/smol", "--draft", "acme/other"], "--draft acme/other: not a local folder"),
     (["--revision", "main"], "--revision: a hub revision of --ckpt"),

@@ -123,6 +123,27 @@ def test_missing_chat_template_names_the_field(real_ckpt, tmp_path):
         tok.apply_chat_template(QUESTION)
 
 
+@pytest.mark.parametrize("template, words", [
+    (["{{ x }}"], "field 'chat_template' entry 0 is str; expected a jinja2 template string or a list of"),
+    ([{"name": "tool_use", "template": "x"}], "list has no entry named 'default'"),
+    ("", "field 'chat_template' is empty"),
+    ("  \n", "field 'chat_template' is empty"),
+])
+def test_a_chat_template_that_is_no_template_is_one_line_naming_the_field(real_ckpt, tmp_path, template, words):
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    with pytest.raises(CheckpointError) as error:
+        load_tokenizer(tmp_path)
+    assert words in str(error.value) and "tokenizer_config.json" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_empty_chat_template_file_is_one_line(real_ckpt, tmp_path):
+    shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "chat_template.jinja").write_text("\n")
+    with pytest.raises(CheckpointError, match=r"chat_template\.jinja: empty; expected a jinja2 chat template"):
+        load_tokenizer(tmp_path)
+
+
 def test_eos_ids_from_generation_config_list(real_ckpt, tmp_path):
     shutil.copy(real_ckpt / "tokenizer.json", tmp_path / "tokenizer.json")
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))

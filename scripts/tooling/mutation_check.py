@@ -43,7 +43,10 @@ CLASSES = {
     "isolation": "a batch row's tokens and figures equal the same prompt run alone; inputs are never written into",
     "store": "a kept answer's key varies with every input the answer depends on; kept answers are checked",
     "files": "a conversion or download interrupted or refused at any point leaves nothing half-written",
-    "bad-input": "every bad file, flag, option or plug-in return gives one line naming the field at fault",
+    "bad-input": "every bad file, flag, option or environment variable gives one line naming the field at fault",
+    "boundary": "whatever a plug-in returns or raises (a policy, an engine, a cache factory, a callback) is one verdict or one line",
+    "numeric": "what is not a distribution, a count or a matching shape is refused; statistics equal scipy's",
+    "oracle": "each command's exit status and output, run end to end, say what its verdicts say",
     "lab": "the lab's meters and schedules equal their definitions on runs built to separate them",
     "suite": "minispec.testing's checks fail on the planted bugs they are written to catch",
 }
