@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CATALOGUE_FILE = Path(__file__).with_name("mutants.toml")
 # Each class of bug and the property that covers all of its members (docs/testing.md names the tests).
 CLASSES = {
-    "model": "logits and cache contents equal a from-scratch forward pass (and transformers) at every position",
+    "model": "logits and cache contents equal an uncached forward pass (and transformers) at every position",
     "conversion": "a converted checkpoint equals the reference conversion, tensor for tensor and token for token",
     "rule": "each acceptance rule's decisions and output law equal its written definition, in float64",
     "slice": "the rule's definition property drawn at temperatures far from 1, with top-k / top-p, near its threshold",
