@@ -9,9 +9,9 @@ A user mistake ends in one line on stderr, `<prog>: error: <message>`, and exit 
 argparse's own errors (no usage dump), an out-of-range flag, and any MinispecError raised while
 running. Ctrl-C ends in one line, `<prog>: interrupted`, and exit status 130 (128 + SIGINT, what
 a shell reports); SIGTERM (what `timeout`, systemd, `docker stop` and CI send) runs the same
-cleanup as Ctrl-C and ends in `<prog>: terminated`, exit status 143; a reader that closes our stdout early (`... | head`) ends the command quietly
-with exit status 141 (128 + SIGPIPE, as `yes | head` does). Anything else that escapes is a bug
-and keeps its traceback.
+cleanup as Ctrl-C and ends in `<prog>: terminated`, exit status 143; a reader that closes our
+stdout early (`... | head`) ends the command quietly with exit status 141 (128 + SIGPIPE, as
+`yes | head` does). Anything else that escapes is a bug and keeps its traceback.
 
 The rules every command applies to what a user hands it, each written once:
 
@@ -208,16 +208,32 @@ def read_all(file) -> bytes:
         return file.read()
     if os.name != "posix":
         return file.read()
+    return _read_interruptibly(fd)
+
+
+def _read_interruptibly(fd: int, limit: int | None = None, patience: float | None = None) -> bytes:
+    """Every byte of `fd`, waiting in select() slices of 0.1 s (read_all says why). OverflowError past
+    `limit` bytes; TimeoutError when nothing comes for `patience` seconds (a pipe with no writer)."""
     import select
 
-    chunks = []
+    chunks, size, quiet_since = [], 0, time.monotonic()
     while True:
         ready, _, _ = select.select([fd], [], [], 0.1)
-        if ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+        try:
+            chunk = os.read(fd, 1 << 16) if ready else None
+        except BlockingIOError:  # a named pipe opened without waiting, no writer yet
+            chunk = None
+        if chunk is None:
+            if patience is not None and time.monotonic() - quiet_since > patience:
+                raise TimeoutError
+            continue
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise OverflowError
+        chunks.append(chunk)
+        quiet_since = time.monotonic()
 
 
 def _discard_stdout() -> None:
@@ -255,41 +271,16 @@ def read_file(path, field: str, limit: int) -> bytes:
     except OSError as err:
         raise MinispecError(f"{field} {path}: cannot be read ({err.strerror or err}); expected a readable file") from None
     try:
-        data = _read_capped(fd, field, path, limit, pipe=stat.S_ISFIFO(kind))
+        return _read_interruptibly(fd, limit, PIPE_WAIT_SECONDS if stat.S_ISFIFO(kind) else None)
+    except OverflowError:
+        raise MinispecError(f"{field} {path}: more than {limit} bytes; expected a file of at most {limit} bytes") from None
+    except TimeoutError:
+        raise MinispecError(f"{field} {path}: a pipe that sent nothing for {PIPE_WAIT_SECONDS:.0f} s; expected a "
+                            "file, or a pipe with a writer") from None
+    except OSError as err:
+        raise MinispecError(f"{field} {path}: cannot be read ({err.strerror or err}); expected a file") from None
     finally:
         os.close(fd)
-    return data
-
-
-def _read_capped(fd: int, field: str, path: Path, limit: int, pipe: bool) -> bytes:
-    import select
-
-    chunks, size, waited_since = [], 0, time.monotonic()
-    while True:
-        if pipe:  # wait in short slices: Ctrl-C stays prompt and a silent pipe times out
-            ready, _, _ = select.select([fd], [], [], 0.1)
-            if not ready:
-                if time.monotonic() - waited_since > PIPE_WAIT_SECONDS:
-                    raise MinispecError(f"{field} {path}: a pipe that sent nothing for {PIPE_WAIT_SECONDS:.0f} s; "
-                                        "expected a file, or a pipe with a writer")
-                continue
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:  # no writer yet on a named pipe
-            time.sleep(0.05)
-            if time.monotonic() - waited_since > PIPE_WAIT_SECONDS:
-                raise MinispecError(f"{field} {path}: a named pipe with no writer; expected a file, or a pipe with "
-                                    "a writer") from None
-            continue
-        except OSError as err:
-            raise MinispecError(f"{field} {path}: cannot be read ({err.strerror or err}); expected a file") from None
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > limit:
-            raise MinispecError(f"{field} {path}: more than {limit} bytes; expected a file of at most {limit} bytes")
-        chunks.append(chunk)
-        waited_since = time.monotonic()
 
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")

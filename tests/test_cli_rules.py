@@ -33,7 +33,7 @@ def test_parse_options_reads_back_what_was_written(name, options):
     assert cli.parse_options(text, "--x") == (name, options)
 
 
-@given(NAME, st.lists(st.tuples(KEY, VALUE), min_size=2, max_size=4))
+@given(NAME, st.lists(st.tuples(KEY, VALUE), min_size=2, max_size=4, unique_by=lambda kv: kv[0]))
 def test_a_key_given_twice_is_one_line_naming_it(name, items):
     key = items[0][0]
     text = f"{name}:" + ",".join(f"{k}={v}" for k, v in [*items, (key, "1")])

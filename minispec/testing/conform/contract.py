@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from minispec import checks
 from minispec.checks import returned_index
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams, logits_to_probs
@@ -158,12 +159,12 @@ def as_output(out, gamma: int, vocab: int) -> StepOutput:
 
 def distribution(value, vocab: int, where: str) -> torch.Tensor:
     """A claimed distribution: a real tensor [vocab], finite, >= 0, summing to 1 within 1e-6 -> float64."""
-    if not isinstance(value, torch.Tensor) or value.shape != (vocab,) or value.is_complex() or value.dtype == torch.bool:
+    if not isinstance(value, torch.Tensor) or value.shape != (vocab,):
         raise Broken(f"{where} returned {describe(value)}; expected a real tensor of shape [{vocab}]")
-    value = value.detach().to(torch.float64).cpu()
-    if not torch.isfinite(value).all() or (value < 0).any() or abs(float(value.sum()) - 1.0) > 1e-6:
-        raise Broken(f"{where} returned {value.tolist()}; expected a distribution (finite, >= 0, summing to 1)")
-    return value
+    try:
+        return checks.distribution(value.detach().cpu(), f"{where} returned {value.tolist()}")
+    except MinispecError as err:
+        raise Broken(str(err)) from None
 
 
 def probability(value, where: str) -> torch.Tensor:
