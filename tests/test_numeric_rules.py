@@ -18,7 +18,7 @@ from minispec.testing.conform import Budget
 from minispec.testing.conform.stats import chi_square, tilt
 from minispec.testing.distribution import chi_square_p_value
 
-scipy_stats = pytest.importorskip("scipy.stats")
+scipy_stats = pytest.importorskip("scipy.stats", reason="scipy is the independent oracle of the statistics (pip install -e .[test])")
 
 
 def probs_of(weights: list[float]) -> torch.Tensor:
