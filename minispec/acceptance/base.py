@@ -37,7 +37,6 @@ from typing import Callable, ClassVar
 
 import torch
 
-from minispec.checks import returned_index
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams
 
@@ -129,6 +128,22 @@ def check_input(inp: VerifyInput) -> None:
         raise PolicyInputError(f"hidden: shape {list(inp.hidden.shape)}; expected [gamma+1={gamma + 1}, d]")
     if gamma and not (0 <= int(inp.draft_tokens.min()) and int(inp.draft_tokens.max()) < vocab):
         raise PolicyInputError(f"draft_tokens: ids outside [0, {vocab}): {inp.draft_tokens.tolist()}")
+
+
+def returned_index(value, where: str, upper: int | None = None) -> int:
+    """A count or token id that user code returned (a policy's Decision, a conformance engine's
+    step), as a Python int in [0, upper): an int (numpy's too) or a one-element integer tensor. A
+    float is not truncated, a string not parsed, a bool not read as 0/1 and a 0-d tensor not kept
+    as a tensor (it would compare unequal to every eos id): each is a MinispecError naming `where`."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1 and not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool:
+            value = int(value)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):  # numpy's ints are Integral
+        raise MinispecError(f"{where} = {value!r} ({type(value).__name__}); expected an int")
+    if value < 0 or (upper is not None and value >= upper):
+        raise MinispecError(f"{where} = {value}; expected 0 <= {where.rsplit('.', 1)[-1]} < {upper}" if upper is not None
+                            else f"{where} = {value}; expected an int >= 0")
+    return int(value)
 
 
 def is_number(value) -> bool:

@@ -106,13 +106,14 @@ def _weight_bytes(model: Transformer) -> int:
 
 def plausible(values: list[float] | None, gamma: int, draft_share: float = 0.0) -> bool:
     """Whether kept prices can be true, by construction of c(g) (module docstring): gamma + 1 finite
-    values, c(0) = 1 exactly, c nondecreasing in g (a longer step never costs less; within SLACK),
-    and c(g) <= SLACK ((g + 1) + g draft_share): a pass of g + 1 rows costs at most g + 1 passes of
-    one, and each draft at most draft_share (draft_share_bound). A hand edit of the kept prices
-    that would switch speculation off (c(1) far above 2 with no draft model) is refused and measured anew."""
+    values, c(0) = 1 exactly, and c(g) <= SLACK ((g + 1) + g draft_share): a pass of g + 1 rows
+    costs at most g + 1 passes of one, and each draft at most draft_share (draft_share_bound). A
+    hand edit of the kept prices that would switch speculation off (c(1) far above 2 with no draft
+    model) is refused and measured anew. c need not grow with g: a longer pass may take a faster
+    matmul path (docs/lab.md has a measured case)."""
     if values is None or len(values) != gamma + 1 or not all(math.isfinite(v) and v > 0 for v in values):
         return False
-    if values[0] != 1.0 or any(b < a / SLACK for a, b in zip(values, values[1:])):
+    if values[0] != 1.0:
         return False
     return all(v <= SLACK * ((g + 1) + g * draft_share) for g, v in enumerate(values))
 

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 import torch
 
 from minispec import checks
-from minispec.checks import returned_index
+from minispec.acceptance.base import returned_index
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams, logits_to_probs
 
