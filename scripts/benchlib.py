@@ -733,3 +733,51 @@ def name_list(flag: str, expand: Callable[[str], tuple[str, ...] | None] | Seque
         return tuple(dict.fromkeys(names))
 
     return parse
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One acceptance rule of a script's rule list: the text as given, the registered name and its
+    constructor options, typed as `python -m minispec.generate --policy` types them."""
+
+    text: str  # e.g. "dropmatch:p=0.3,criterion=naive"
+    name: str
+    options: tuple[tuple[str, object], ...]  # (key, value) pairs, hashable
+
+    def build(self):
+        from minispec import acceptance
+
+        return acceptance.get(self.name, **dict(self.options))
+
+
+def policy_list(flag: str, allowed: Sequence[str] | None = None, empty: bool = False):
+    """An argparse type for a comma-separated list of NAME[:key=value,...] (minispec.cli.split_specs: a
+    `key=value` item continues the rule before it), each parsed as --policy parses it and built once,
+    so that a value the rule refuses is one line naming `flag`. `allowed` limits the names; DropMatch's
+    p=auto (calibrated per prompt by the generate command) is refused. An empty list is refused unless
+    `empty`. Repeats dropped, order kept."""
+    from minispec.cli import split_specs
+    from minispec.generate.policy_spec import policy_spec
+
+    def parse(text: str) -> tuple[PolicySpec, ...]:
+        specs: dict[str, PolicySpec] = {}
+        for item in split_specs(text):
+            try:
+                name, options = policy_spec(item, flag)
+                if allowed is not None and name not in allowed:
+                    raise MinispecError(f"{flag} {name!r}: expected one of {', '.join(allowed)}")
+                if isinstance(options.get("p"), tuple):
+                    raise MinispecError(f"{flag} {item!r}: p=auto is the generate command's; expected a number")
+            except MinispecError as error:
+                raise argparse.ArgumentTypeError(str(error)) from None
+            spec = PolicySpec(item, name, tuple(options.items()))
+            try:
+                spec.build()
+            except MinispecError as error:  # the rule's own range check
+                raise argparse.ArgumentTypeError(f"{flag} {item!r}: {error}") from None
+            specs.setdefault(item, spec)
+        if not specs and not empty:
+            raise argparse.ArgumentTypeError(f"{flag} = {text!r}; expected comma-separated rules NAME[:key=value,...]")
+        return tuple(specs.values())
+
+    return parse

@@ -45,13 +45,14 @@ def test_a_tiny_run_writes_every_table_and_every_row_is_plain_greedy(tiny_ckpt, 
     """DropMatch at p = 0 is exact match (every dropout path is the clean head), so at T = 0 every
     configuration, transformers' included, must emit plain greedy decoding's rows."""
     code = bench_batch.main(["--ckpt", str(tiny_ckpt), "--sets", "rag", "--batch-sizes", "1,2", "--max-new-tokens", "6",
-                             "--drafts", "ngram@3,self:int8@4", "--dropout-p", "0", "--reps", "2,1", "--up-to", "dropmatch=1", "--threads", "1",
+                             "--drafts", "ngram@3,self:int8@4", "--policies", "exact,dropmatch:p=0,dropmatch-lazy:p=0", "--reps", "2,1", "--up-to", "dropmatch=1", "--threads", "1",
                              "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     result = json.loads((tmp_path / "bench_batch.json").read_text())
-    names = ["plain"] + [f"{d} {p}" for d in ("ngram g3", "self:int8 g4") for p in bench_batch.POLICIES]
+    rules = ("exact", "dropmatch:p=0", "dropmatch-lazy:p=0")
+    names = ["plain"] + [f"{d} {p}" for d in ("ngram g3", "self:int8 g4") for p in rules]
     names += ["transformers"] if HAS_TRANSFORMERS else []
-    at = {1: names, 2: [n for n in names if not n.endswith(" dropmatch")]}  # --up-to dropmatch=1
+    at = {1: names, 2: [n for n in names if not n.endswith(" dropmatch:p=0")]}  # --up-to dropmatch=1
     assert [(r["batch_size"], r["config"]) for r in result["rows"]] == [(b, n) for b in (1, 2) for n in at[b]]
     assert result["settings"]["reps"] == {"1": 2, "2": 1} and result["run"]["machine"]["torch_threads"] == 1
     assert result["run"]["load_average_start"] and result["run"]["load_average_end"]
@@ -67,15 +68,15 @@ def test_a_tiny_run_writes_every_table_and_every_row_is_plain_greedy(tiny_ckpt, 
         elif r["draft"] is not None:
             assert 1.0 <= r["tau"] <= r["gamma"] + 1 and r["tau_needed"] > 0 and r["verify_ms"] > 0
     assert {(g["draft"], g["policy"], g["batch_size"]) for g in result["dropmatch"]} == {
-        (d, p, b) for d in ("ngram", "self:int8") for p in ("dropmatch", "dropmatch-lazy") for b in (1, 2)
-        if (p, b) != ("dropmatch", 2)}
+        (d, p, b) for d in ("ngram", "self:int8") for p in rules[1:] for b in (1, 2)
+        if (p, b) != ("dropmatch:p=0", 2)}
     assert [(c["batch_size"], sorted(k for k in c if k.endswith("_ms"))) for c in result["pass_costs"]] == [
         (b, ["k1_ms", "k4_ms", "k5_ms"]) for b in (1, 2)]
     text = (tmp_path / "bench_batch.md").read_text()
     for heading in ("## rag: plain decoding against the batch size", "## rag: every configuration",
                     "## DropMatch over its base", "## One target pass of [B, k] new tokens"):
         assert heading in text
-    assert "| 2 | self:int8 g4 dropmatch-lazy |" in text and "torch threads" in text
+    assert "| 2 | self:int8 g4 dropmatch-lazy:p=0 |" in text and "torch threads" in text
 
 
 def _record(batch_size, config, tps, decode_tps, step_ms, tau=1.0, tokens=((1, 2),), draft=None, policy=None):

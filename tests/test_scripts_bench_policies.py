@@ -52,10 +52,11 @@ def test_token_agreement(tokens, reference, expected):
 # ----------------------------------------------------------------------------------- summaries
 
 
-def record(set_name="gsm8k", temperature=0.0, drafter="ngram", policy="exact", criterion=None, gamma=5, **values):
-    config = bench.Config("minispec", drafter, policy if drafter else None, criterion, gamma if drafter else None)
+def record(set_name="gsm8k", temperature=0.0, drafter="ngram", policy="exact", spec=None, gamma=5, **values):
+    spec = (spec or policy) if drafter else None
+    config = bench.Config("minispec", drafter, policy if drafter else None, spec, gamma if drafter else None)
     base = {"set": set_name, "prompt_index": 0, "temperature": temperature, "label": config.label, "tool": "minispec",
-            "drafter": config.drafter, "policy": config.policy, "criterion": config.criterion, "gamma": config.gamma,
+            "drafter": config.drafter, "policy": config.policy, "spec": config.spec, "gamma": config.gamma,
             "num_generated_tokens": 10}
     return {**base, **values}
 
@@ -88,8 +89,8 @@ def test_summarise_plain_rows_have_tau_one_and_no_acceptance():
 
 
 def test_summarise_pools_heads_agree_over_positions_from_policy_info():
-    records = [record(policy="dropmatch", criterion="naive", verify_steps=1, policy_info={"heads_agree": 1, "positions": 4}),
-               record(policy="dropmatch", criterion="naive", verify_steps=1, prompt_index=1,
+    records = [record(policy="dropmatch", spec="dropmatch:criterion=naive", verify_steps=1, policy_info={"heads_agree": 1, "positions": 4}),
+               record(policy="dropmatch", spec="dropmatch:criterion=naive", verify_steps=1, prompt_index=1,
                       policy_info={"heads_agree": 5, "positions": 6})]
     [row] = [r for r in bench.summarise(records) if r["set"] == "all"]
     assert row["heads_all_agree"] == pytest.approx(6 / 10)  # pooled, not the mean of 1/4 and 5/6
@@ -99,11 +100,11 @@ def test_dropmatch_vs_base_uses_exact_at_t0_and_sampling_above():
     common = dict(num_drafted=10, tokens_per_second=1.0)
     records = [
         record(temperature=0.0, policy="exact", verify_steps=10, num_accepted=10, speedup=1.0, nll=1.0, **common),
-        record(temperature=0.0, policy="dropmatch", criterion="naive", verify_steps=10, num_accepted=12, speedup=1.1,
+        record(temperature=0.0, policy="dropmatch", spec="dropmatch:criterion=naive", verify_steps=10, num_accepted=12, speedup=1.1,
                nll=1.2, policy_info={"heads_agree": 1, "positions": 2}, **common),
         record(temperature=1.0, policy="exact", verify_steps=10, num_accepted=99, speedup=9.0, **common),
         record(temperature=1.0, policy="sampling", verify_steps=10, num_accepted=5, speedup=1.0, **common),
-        record(temperature=1.0, policy="dropmatch", criterion="naive", verify_steps=10, num_accepted=10, speedup=1.5, **common),
+        record(temperature=1.0, policy="dropmatch", spec="dropmatch:criterion=naive", verify_steps=10, num_accepted=10, speedup=1.5, **common),
     ]
     rows = {(r["set"], r["temperature"]): r for r in bench.dropmatch_vs_base(bench.summarise(records))}
     greedy, sampled = rows[("all", 0.0)], rows[("all", 1.0)]
@@ -132,7 +133,7 @@ def hand_made_result():
         record(drafter=None, tokens_per_second=10.0, speedup=1.0, nll=0.5, agree_prefix=1.0, agree_overall=1.0),
         record(policy="exact", verify_steps=5, num_accepted=5, num_drafted=25, tokens_per_second=12.0, speedup=1.2,
                draft_seconds=0.1, verify_seconds=1.0, policy_seconds=0.1, nll=0.5, agree_prefix=1.0, gsm8k_correct=True),
-        record(policy="dropmatch", criterion="naive", verify_steps=5, num_accepted=8, num_drafted=25,
+        record(policy="dropmatch", spec="dropmatch:criterion=naive", verify_steps=5, num_accepted=8, num_drafted=25,
                tokens_per_second=14.0, speedup=1.4, policy_info={"heads_agree": 1, "positions": 10}, nll=0.7,
                agree_prefix=0.5, draft_seconds=0.1, verify_seconds=1.0, policy_seconds=0.2, gsm8k_correct=False),
         record(set_name="humaneval", drafter=None, tokens_per_second=9.0, speedup=1.0,
@@ -150,11 +151,11 @@ def hand_made_result():
 def test_render_markdown_has_every_table_with_the_hand_made_figures():
     text = bench.render_markdown(hand_made_result())
     assert "`python scripts/rules/bench_policies.py --quick`" in text
-    assert "| minispec ngram dropmatch/naive g5 | 2.60 | 32% | 14.0 | 1.40x |" in text
+    assert "| minispec ngram dropmatch:criterion=naive g5 | 2.60 | 32% | 14.0 | 1.40x |" in text
     for heading in ("## All sets pooled, temperature 0", "### tau per set", "### Speed-up per set",
                     "## DropMatch vs its base", "## Head agreement", "## Definitions"):
         assert heading in text
-    assert "| 0 | ngram | 5 | naive | 2.60 | 2.00 | +30.0% | 1.17x | -50% | +0.200 | -100% |" in text
+    assert "| 0 | ngram | 5 | dropmatch:criterion=naive | 2.60 | 2.00 | +30.0% | 1.17x | -50% | +0.200 | -100% |" in text
     assert "| humaneval | 10 | 20.0% |" in text
 
 
@@ -183,13 +184,15 @@ def test_plot_of_a_file_that_is_not_a_result_is_a_one_line_error(tmp_path, capsy
 
 
 def test_quick_fills_only_what_was_not_given():
-    args = bench.parse_args(["--quick", "--gammas", "3,8", "--policies", "exact,dropmatch"])
+    args = bench.parse_args(["--quick", "--gammas", "3,8", "--policies", "exact,dropmatch:p=0.1,paths=3,criterion=naive"])
     assert args.quick and args.gammas == (3, 8) and args.max_new_tokens == 40 and args.prompts_per_set == 1
-    assert args.policies == ("exact", "dropmatch:js_or_majority", "dropmatch:majority", "dropmatch:naive")
-    rivals = bench.parse_args(["--quick", "--policies", "block,lenience:0.5,fly:2"])
-    assert rivals.policies == ("block", "lenience:0.5", "fly:2")
-    assert [type(bench.make_policy(bench.Config("minispec", "ngram", *spec.partition(":")[::2], 5), rivals)).__name__
-            for spec in rivals.policies] == ["BlockVerification", "Lenience", "FLy"]
+    assert [s.text for s in args.policies] == ["exact", "dropmatch:p=0.1,paths=3,criterion=naive"]
+    assert (args.dropout_p, args.paths) == (0.1, 3)  # the head-agreement table follows the first DropMatch rule
+    rivals = bench.parse_args(["--quick", "--policies", "block,lenience:beta=0.5,fly:window_size=2"])
+    built = [bench.make_policy(bench.Config("minispec", "ngram", s.name, s.text, 5, s.options), rivals)
+             for s in rivals.policies]
+    assert [type(b).__name__ for b in built] == ["BlockVerification", "Lenience", "FLy"]
+    assert (built[1].beta, built[2].window_size) == (0.5, 2) and rivals.paths is None
     full = bench.parse_args(["--temperatures", "1,0", "--sets", "spec_bench"])
     assert full.temperatures == (0.0, 1.0) and full.sets == benchlib.SPEC_BENCH_SETS and full.gammas == (3, 5, 8)
     assert full.out.parts[-2:] == ("out", "bench_policies")
@@ -200,16 +203,18 @@ def test_quick_fills_only_what_was_not_given():
     (["--gammas", "five"], "--gammas"),
     (["--temperatures", "-1"], "--temperatures"),
     (["--sets", "gsm8k,imagenet"], "--sets"),
-    (["--policies", "dropmatch:vibes"], "--policies"),
-    (["--policies", "lenience:1.5"], "--policies"),
-    (["--policies", "fly:two"], "--policies"),
-    (["--policies", "fly:3", "--gammas", "3,5"], "--policies fly:3"),
+    (["--policies", "dropmatch:criterion=vibes"], "--policies"),
+    (["--policies", "lenience:beta=1.5"], "--policies"),
+    (["--policies", "fly:window_size=two"], "--policies"),
+    (["--policies", "fly:window_size=3", "--gammas", "3,5"], "--policies fly: window_size = 3"),
+    (["--policies", "traversal"], "--policies"),
+    (["--policies", "exact,exact:beta=1"], "--policies"),
     (["--drafters", "early-exit"], "--drafters"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--prompts-per-set", "x"], "--prompts-per-set"),
     (["--dtype", "int4"], "--dtype"),
     (["--kernels", "int8"], "--kernels"),
-    (["--dropout-p", "1"], "--dropout-p"),
+    (["--policies", "dropmatch:p=1"], "--policies"),
     (["--no-such-flag"], "--no-such-flag"),
 ])
 def test_bad_flags_exit_2_with_one_line_naming_the_flag(capsys, argv, flag):
@@ -272,7 +277,7 @@ def test_end_to_end_tiny_run_writes_json_and_markdown(real_ckpt, tmp_path, capsy
     out = tmp_path / "out"
     code = bench.main(["--ckpt", str(real_ckpt), "--data-dir", str(write_data(tmp_path)), "--out", str(out),
                        "--sets", "gsm8k", "--prompts-per-set", "1", "--max-new-tokens", "8", "--drafters", "ngram",
-                       "--policies", "exact,dropmatch:majority", "--gammas", "3", "--temperatures", "0",
+                       "--policies", "exact,dropmatch:criterion=majority", "--gammas", "3", "--temperatures", "0",
                        "--no-transformers", "--threads", "1"])
     assert code == 0, capsys.readouterr().err
     result = json.loads((out / "bench_policies.json").read_text())
@@ -284,7 +289,7 @@ def test_end_to_end_tiny_run_writes_json_and_markdown(real_ckpt, tmp_path, capsy
     assert {"cpu", "cores", "torch_threads"} <= set(run["machine"]) and run["torch"] == torch.__version__
     records = result["records"]
     assert [r["label"] for r in records] == ["minispec plain", "minispec ngram exact g3",
-                                             "minispec ngram dropmatch/majority g3"]
+                                             "minispec ngram dropmatch:criterion=majority g3"]
     for r in records:
         assert {"tokens", "tokens_per_second", "tau", "speedup", "agree_prefix", "agree_overall", "nll",
                 "gsm8k_correct"} <= set(r)
@@ -295,7 +300,7 @@ def test_end_to_end_tiny_run_writes_json_and_markdown(real_ckpt, tmp_path, capsy
     assert len((out / "records.jsonl").read_text().splitlines()) == 3
     assert result["dropmatch_vs_base"][0]["base"] == "exact"
     text = (out / "bench_policies.md").read_text()
-    assert "| minispec ngram dropmatch/majority g3 |" in text and "## Head agreement" in text
+    assert "| minispec ngram dropmatch:criterion=majority g3 |" in text and "## Head agreement" in text
 
 
 def test_distortion_survives_json_and_pools_positions():

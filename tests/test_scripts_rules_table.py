@@ -1,6 +1,7 @@
 """scripts/rules/rules_table.py on planted results (each rule against its own base: tau gain, paired intervals,
 speed over the base), and scripts/rules/bench_tree_rules.py: its rule names, and one short run on the real checkpoint."""
 
+import argparse
 import json
 import re
 import subprocess
@@ -16,11 +17,10 @@ import benchlib  # noqa: E402
 import bench_tree_rules  # noqa: E402
 import rules_table  # noqa: E402
 
-from minispec.errors import MinispecError  # noqa: E402
 
 
-def policy_record(policy, gamma, temperature, index, *, accepted, steps, nll, agree, speedup, criterion=None):
-    return {"tool": "minispec", "drafter": "early-exit:24", "policy": policy, "criterion": criterion, "gamma": gamma,
+def policy_record(policy, gamma, temperature, index, *, accepted, steps, nll, agree, speedup, **options):
+    return {"tool": "minispec", "drafter": "early-exit:24", "policy": policy, "options": list(options.items()), "gamma": gamma,
             "temperature": temperature, "set": "mt_bench", "prompt_index": index, "num_accepted": accepted,
             "num_drafted": steps * gamma, "verify_steps": steps, "nll": nll, "agree_overall": agree,
             "speedup": speedup, "policy_share": 0.01}
@@ -30,11 +30,11 @@ def test_chain_rows_compare_each_rule_with_its_base_on_the_same_prompts():
     records = [policy_record("sampling", 5, 1.0, i, accepted=10, steps=10, nll=1.0 + i, agree=0.5, speedup=1.2)
                for i in range(4)]
     records += [policy_record("lenience", 5, 1.0, i, accepted=20, steps=10, nll=1.5 + i, agree=0.4, speedup=1.8,
-                              criterion="0.5") for i in range(4)]
+                              beta=0.5) for i in range(4)]
     records += [policy_record("exact", 5, 0.0, i, accepted=30, steps=10, nll=0.5, agree=1.0, speedup=2.0)
                 for i in range(4)]
     records += [{**policy_record("exact", 5, 0.0, 0, accepted=0, steps=1, nll=0, agree=1, speedup=1), "drafter": None}]
-    rows = rules_table.chain_rows([{"settings": {"dropout_p": 0.3}, "records": records}])
+    rows = rules_table.chain_rows([{"settings": {}, "records": records}])
     by = {(r["rule"], r["temperature"]): r for r in rows}
     assert set(by) == {("sampling", 1.0), ("lenience-0.5", 1.0), ("exact", 0.0)}  # plain decoding is no row
     lenient = by[("lenience-0.5", 1.0)]
@@ -51,8 +51,8 @@ def test_a_rule_missing_a_prompt_is_compared_on_the_prompts_both_have():
     records = [policy_record("sampling", 5, 1.0, i, accepted=10, steps=10, nll=float(i), agree=0.5, speedup=1.0)
                for i in range(3)]
     records += [policy_record("dropmatch", 5, 1.0, 1, accepted=10, steps=10, nll=3.0, agree=0.5, speedup=1.0,
-                              criterion="js_or_majority")]
-    (dm,) = [r for r in rules_table.chain_rows([{"settings": {"dropout_p": 0.012}, "records": records}])
+                              p=0.012)]
+    (dm,) = [r for r in rules_table.chain_rows([{"settings": {}, "records": records}])
              if r["rule"] != "sampling"]
     assert dm["rule"] == "dropmatch-0.012" and dm["prompts"] == 1 and dm["quality_change"][0] == pytest.approx(2.0)
 
@@ -60,19 +60,19 @@ def test_a_rule_missing_a_prompt_is_compared_on_the_prompts_both_have():
 def test_dropmatch_criteria_are_rows_of_their_own():
     records = [policy_record("sampling", 5, 1.0, 0, accepted=10, steps=10, nll=1.0, agree=0.5, speedup=1.0)]
     records += [policy_record("dropmatch", 5, 1.0, 0, accepted=accepted, steps=10, nll=1.0, agree=0.5, speedup=1.0,
-                              criterion=criterion)
+                              p=0.3, criterion=criterion)
                 for criterion, accepted in (("js_or_majority", 20), ("majority", 30), ("naive", 40))]
-    rows = rules_table.chain_rows([{"settings": {"dropout_p": 0.3}, "records": records}])
+    rows = rules_table.chain_rows([{"settings": {}, "records": records}])
     assert {r["rule"]: r["tau"] for r in rows} == pytest.approx(
         {"sampling": 2.0, "dropmatch-0.3": 3.0, "dropmatch-0.3-majority": 4.0, "dropmatch-0.3-naive": 5.0})
 
 
 def test_each_run_is_compared_with_its_own_base_and_a_repeated_base_is_one_row():
     def run(p, base_speed, dm_speed, dm_accepted):
-        return {"settings": {"dropout_p": p}, "records": [
+        return {"settings": {}, "records": [
             policy_record("sampling", 5, 1.0, 0, accepted=10, steps=10, nll=1.0, agree=0.5, speedup=base_speed),
             policy_record("dropmatch", 5, 1.0, 0, accepted=dm_accepted, steps=10, nll=1.0, agree=0.5,
-                          speedup=dm_speed, criterion="js_or_majority")]}
+                          speedup=dm_speed, p=p)]}
 
     rows = rules_table.chain_rows([run(0.3, 1.0, 1.5, 20), run(0.012, 2.0, 2.2, 15)])  # a slower machine, then a faster
     by = {r["rule"]: r for r in rows}
@@ -122,25 +122,26 @@ def test_missing_or_broken_inputs_are_one_line_errors(tmp_path, capsys):
 
 
 def test_tree_rule_names():
-    assert bench_tree_rules.parse_rule("dropmatch:0.3", bench_tree_rules.TREE_RULES, "--rules") == (
-        "dropmatch:0.3", "dropmatch", {"p": 0.3, "paths": 5})
-    assert bench_tree_rules.parse_rule("traversal", bench_tree_rules.TREE_RULES, "--rules")[2] == {}
-    for name in ("multipath", "block"):  # block: the tree's first path (the script's baseline for multipath)
-        assert bench_tree_rules.parse_rule(name, bench_tree_rules.TREE_RULES, "--rules") == (name, name, {})
-    for bad in ("dropmatch", "dropmatch:1", "dropmatch:x", "traversal:2", "fly", "multipath:2"):
-        with pytest.raises(MinispecError, match="--rules"):
-            bench_tree_rules.parse_rule(bad, bench_tree_rules.TREE_RULES, "--rules")
-    with pytest.raises(MinispecError, match="--chain 'traversal'"):
-        bench_tree_rules.parse_rule("traversal", bench_tree_rules.CHAIN_RULES, "--chain")
+    rules = benchlib.policy_list("--rules", bench_tree_rules.TREE_RULES)
+    (spec,) = rules("dropmatch:p=0.3,paths=4")
+    assert (spec.text, spec.name, dict(spec.options)) == ("dropmatch:p=0.3,paths=4", "dropmatch", {"p": 0.3, "paths": 4})
+    for name in ("traversal", "multipath", "block"):  # block: the tree's first path (the script's baseline for multipath)
+        assert rules(name) == (benchlib.PolicySpec(name, name, ()),)
+    for bad in ("dropmatch:p=1", "dropmatch:p=x", "dropmatch:p=auto", "traversal:k=2", "fly", "multipath:2", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="--rules"):
+            rules(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="--chain 'traversal'"):
+        benchlib.policy_list("--chain", bench_tree_rules.CHAIN_RULES)("traversal")
+    assert benchlib.policy_list("--chain", bench_tree_rules.CHAIN_RULES, empty=True)("") == ()
 
 
 def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
     subprocess.run([sys.executable, str(SCRIPTS / "rules" / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets", "rag",
                     "--prompts-per-set", "1", "--seeds", "0,1", "--budget", "4", "--gamma", "2", "--max-new-tokens", "6",
-                    "--rules", "traversal,multipath,block,dropmatch:0.3", "--chain", "block", "--threads", "1", "--out", str(tmp_path)],
+                    "--rules", "traversal,multipath,block,dropmatch:p=0.3", "--chain", "block", "--threads", "1", "--out", str(tmp_path)],
                    check=True, capture_output=True, text=True)
     result = json.loads((tmp_path / "bench_tree_rules.json").read_text())
-    assert result["labels"] == ["tree sampling", "tree traversal", "tree multipath", "tree block", "tree dropmatch:0.3",
+    assert result["labels"] == ["tree sampling", "tree traversal", "tree multipath", "tree block", "tree dropmatch:p=0.3",
                                 "chain block"]
     assert len(result["records"]) == 6 * 2
     for r in result["records"]:
@@ -152,7 +153,7 @@ def test_a_short_tree_run_writes_every_row(real_ckpt, tmp_path):
         assert 1 <= row["tau"] <= 3 and 0 <= row["acceptance"] <= 1  # gamma 2: at most 2 drafts + 1 per step
     again = subprocess.run([sys.executable, str(SCRIPTS / "rules" / "bench_tree_rules.py"), "--ckpt", str(real_ckpt), "--sets",
                             "rag", "--prompts-per-set", "1", "--seeds", "0,1", "--budget", "4", "--gamma", "2",
-                            "--max-new-tokens", "6", "--rules", "traversal,multipath,block,dropmatch:0.3", "--chain", "block",
+                            "--max-new-tokens", "6", "--rules", "traversal,multipath,block,dropmatch:p=0.3", "--chain", "block",
                             "--threads", "1", "--out", str(tmp_path)], check=True, capture_output=True, text=True)
     assert not re.search(r"seed \d  tau", again.stdout)  # resumed: no row decoded again
     assert (tmp_path / "records.jsonl").read_text().count("\n") == 12
@@ -163,11 +164,11 @@ def test_distortion_is_pooled_over_every_judged_position_of_the_prompts():
     infinite KL is left out of the mean (its share shown); FLy's bound is marked "<="; the figure needs the columns."""
     records = [policy_record("sampling", 5, 1.0, i, accepted=10, steps=10, nll=1.0, agree=0.5, speedup=1.0)
                for i in range(2)]
-    fly = [policy_record("fly", 5, 1.0, i, accepted=12, steps=10, nll=1.0, agree=0.5, speedup=1.0, criterion="3")
+    fly = [policy_record("fly", 5, 1.0, i, accepted=12, steps=10, nll=1.0, agree=0.5, speedup=1.0, window_size=3)
            for i in range(2)]
     fly[0] |= {"distortion_tv": [0.1, 0.1, 0.1], "distortion_kl": [0.2, float("inf"), 0.4], "distortion_kind": "bound"}
     fly[1] |= {"distortion_tv": [0.5], "distortion_kl": [0.6], "distortion_kind": "bound"}
-    rows = {r["rule"]: r for r in rules_table.chain_rows([{"settings": {"dropout_p": 0.3},
+    rows = {r["rule"]: r for r in rules_table.chain_rows([{"settings": {},
                                                               "records": records + fly}])}
     assert rows["fly-3"]["tv_mean"] == pytest.approx(0.2) and rows["fly-3"]["kl_mean"] == pytest.approx(0.4)
     assert rules_table.distortion_cells(rows["fly-3"])[0] == "<=0.2000"
@@ -179,17 +180,17 @@ def test_each_target_is_compared_with_its_own_base_and_drawn_in_its_own_panels(t
     a row or a panel: the same rule on each keeps its own tau gain and distortion."""
     def run(target, base_accepted, lenient_accepted, tv):
         lenient = [policy_record("lenience", 5, t, 0, accepted=lenient_accepted, steps=10, nll=1.0, agree=0.5,
-                                 speedup=1.0, criterion="0.5") | {"distortion_tv": [tv], "distortion_kl": [tv],
+                                 speedup=1.0, beta=0.5) | {"distortion_tv": [tv], "distortion_kl": [tv],
                                                                    "distortion_kind": "exact"} for t in (0.0, 1.0)]
         bases = [policy_record(name, 5, t, 0, accepted=base_accepted, steps=10, nll=1.0, agree=0.5, speedup=1.0)
                  for name, t in (("exact", 0.0), ("sampling", 1.0))]
-        return {"run": {"checkpoint": {"name": target}}, "settings": {"dropout_p": 0.3}, "records": bases + lenient}
+        return {"run": {"checkpoint": {"name": target}}, "settings": {}, "records": bases + lenient}
 
     rows = rules_table.chain_rows([run("small", 10, 20, 0.1), run("big", 40, 44, 0.02)])
     gains = {(r["model"], r["temperature"]): r["tau_gain"] for r in rows if r["rule"] == "lenience-0.5"}
     assert gains == pytest.approx({("small", 0.0): 0.5, ("small", 1.0): 0.5, ("big", 0.0): 0.08, ("big", 1.0): 0.08})
     assert {r["tv_mean"] for r in rows if r["model"] == "big" and r.get("tv_mean") is not None} == {0.02}
-    assert rules_table.chain_rows([{"settings": {"dropout_p": 0.3}, "records": run("x", 1, 2, 0.1)["records"]}])[0][
+    assert rules_table.chain_rows([{"settings": {}, "records": run("x", 1, 2, 0.1)["records"]}])[0][
         "model"] == "smollm2-135m-instruct"  # a result from before targets were recorded
     text = rules_table.render([], rows, [])
     assert text.index("### big:") > text.index("### small:")  # in the order given

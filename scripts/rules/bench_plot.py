@@ -34,15 +34,11 @@ from minispec.errors import MinispecError  # noqa: E402
 PROG = "bench_plot"
 
 
-def _policy_name(row: dict) -> str:
-    return row["policy"] + (f"/{row['criterion']}" if row["criterion"] else "")
-
-
 def plot(result: dict, path: Path) -> Path:
     """Write the figure described in the module docstring to `path`; return `path`."""
     rows = [r for r in result["summary"] if r["set"] == "all" and r["tool"] == "minispec" and r["drafter"] is not None]
     drafters = list(dict.fromkeys(r["drafter"] for r in rows))
-    policies = list(dict.fromkeys(_policy_name(r) for r in rows))
+    policies = list(dict.fromkeys(r["spec"] for r in rows))
     temperatures = list(dict.fromkeys(r["temperature"] for r in rows))
     gammas = sorted({r["gamma"] for r in rows})
     colours = {p: plt.cm.tab10(i % 10) for i, p in enumerate(policies)}
@@ -56,7 +52,7 @@ def plot(result: dict, path: Path) -> Path:
             for policy in policies:
                 for t in temperatures:
                     points = sorted((r["gamma"], r[metric]) for r in rows if r["drafter"] == drafter
-                                    and _policy_name(r) == policy and r["temperature"] == t and r[metric] is not None)
+                                    and r["spec"] == policy and r["temperature"] == t and r[metric] is not None)
                     if points:
                         line, marker = styles[t]
                         ax.plot(*zip(*points), line, marker=marker, color=colours[policy], label=f"{policy} T={t:g}")
@@ -75,7 +71,7 @@ def plot(result: dict, path: Path) -> Path:
         for r in rows:
             if r[metric] is not None and r["tau"] is not None:
                 _, marker = styles[r["temperature"]]
-                ax.scatter(r["tau"], r[metric], color=colours[_policy_name(r)], marker=marker, s=28)
+                ax.scatter(r["tau"], r[metric], color=colours[r["spec"]], marker=marker, s=28)
         ax.set_xlabel("tau")
         ax.set_ylabel(label)
         ax.set_title(f"{label.split(' (')[0]} vs tau (o: T=0, s: T>0)", fontsize=10)

@@ -2,8 +2,9 @@
 
     python scripts/rules/bench_policies.py [--quick] [--out DIR] [--sets ...] [--policies ...] [--drafters ...]
 
-Plain decoding and every acceptance policy (exact, sampling, block, typical, lenience:BETA, fly:W,
-ensemble:W, kl-judge:NATS, DropMatch by criterion; lenience at T = 0 is exact match, and its row there shows it) with each drafter and draft length gamma, on Spec-Bench (by category), GSM8K and HumanEval, at
+Plain decoding and every acceptance rule of --policies (each NAME[:key=value,...] as `--policy` takes
+it, e.g. lenience:beta=0.5, fly:window_size=3, dropmatch:p=0.3,criterion=naive; lenience at T = 0 is
+exact match, and its row there shows it) with each drafter and draft length gamma, on Spec-Bench (by category), GSM8K and HumanEval, at
 temperature 0 and at temperature 1 (seeded), next to transformers' plain `generate` and its
 prompt-lookup assisted generation. Pipeline, in the order of this file:
 
@@ -86,10 +87,10 @@ from minispec.cli import ranged, run_main  # noqa: E402
 PROG = "bench_policies"
 ALL_SETS = benchlib.SPEC_BENCH_SETS + ("gsm8k", "humaneval")
 SET_ALIASES = {"spec_bench": benchlib.SPEC_BENCH_SETS, "all": ALL_SETS}
-BASE_POLICIES = ("exact", "sampling", "block", "typical")
-VALUED_POLICIES = {"lenience": "beta", "fly": "window_size", "ensemble": "weight", "kl-judge": "threshold"}
-DROPMATCH_CRITERIA = ("js_or_majority", "js", "majority", "naive")
-DROPMATCH_DEFAULT_CRITERIA = ("js_or_majority", "majority", "naive")
+CHAIN_RULES = ("exact", "sampling", "block", "typical", "lenience", "fly", "ensemble", "kl-judge", "dropmatch",
+               "dropmatch-lazy")
+DROPMATCH = ("dropmatch", "dropmatch-lazy")
+DEFAULT_POLICIES = "exact,sampling,typical,dropmatch,dropmatch:criterion=majority,dropmatch:criterion=naive"
 
 # The full run: every set, 1 prompt each, gammas 3, 5, 8, two drafters, T = 0 and 1. early-exit
 # is opt-in (--drafters ngram,self:bf16,early-exit:24): its drafts cost most of a target forward.
@@ -109,16 +110,16 @@ class Config:
 
     tool: str  # "minispec" or "transformers"
     drafter: str | None = None  # None = plain decoding; transformers: "prompt-lookup"
-    policy: str | None = None  # exact | sampling | typical | dropmatch
-    criterion: str | None = None  # DropMatch's criterion
+    policy: str | None = None  # the registered rule's name: exact | sampling | ... | dropmatch
+    spec: str | None = None  # the rule as --policies gave it, e.g. "dropmatch:criterion=naive"
     gamma: int | None = None  # draft length (transformers: prompt_lookup_num_tokens)
+    options: tuple = ()  # the rule's constructor options, (key, value) pairs
 
     @property
     def label(self) -> str:
         if self.drafter is None:
             return f"{self.tool} plain"
-        policy = f" {self.policy}" + (f"/{self.criterion}" if self.criterion else "") if self.policy else ""
-        return f"{self.tool} {self.drafter}{policy} g{self.gamma}"
+        return f"{self.tool} {self.drafter}{f' {self.spec}' if self.spec else ''} g{self.gamma}"
 
 
 def build_configs(args: Args, with_transformers: bool) -> list[Config]:
@@ -127,8 +128,7 @@ def build_configs(args: Args, with_transformers: bool) -> list[Config]:
     for drafter in args.drafters:
         for gamma in args.gammas:
             for spec in args.policies:
-                policy, _, criterion = spec.partition(":")
-                configs.append(Config("minispec", drafter, policy, criterion or None, gamma))
+                configs.append(Config("minispec", drafter, spec.name, spec.text, gamma, spec.options))
     if with_transformers:
         configs.append(Config("transformers"))
         configs += [Config("transformers", "prompt-lookup", gamma=g) for g in args.gammas]
@@ -136,13 +136,10 @@ def build_configs(args: Args, with_transformers: bool) -> list[Config]:
 
 
 def make_policy(config: Config, args: Args) -> acceptance.AcceptancePolicy:
-    if config.policy == "dropmatch":  # the plain version: its stats count heads_agree at every position
-        return acceptance.get("dropmatch", p=args.dropout_p, paths=args.paths, criterion=config.criterion,
-                              seed=args.seed)
-    if config.policy in VALUED_POLICIES:  # lenience / fly / ensemble / kl-judge: the value rides in `criterion`
-        value = int(config.criterion) if config.policy == "fly" else float(config.criterion)
-        return acceptance.get(config.policy, **{VALUED_POLICIES[config.policy]: value})
-    return acceptance.get(config.policy)
+    options = dict(config.options)
+    if config.policy in DROPMATCH:  # masks seeded by --seed unless the rule names its own seed
+        options.setdefault("seed", args.seed)
+    return acceptance.get(config.policy, **options)
 
 
 # --------------------------------------------------------------------------- running one config
@@ -294,7 +291,7 @@ def head_agreement(hidden: torch.Tensor, head, p: float, paths: int, seed: int =
 # ---------------------------------------------------------------------------------- summarising
 
 
-GROUP_FIELDS = ("tool", "label", "drafter", "policy", "criterion", "gamma")
+GROUP_FIELDS = ("tool", "label", "drafter", "policy", "spec", "gamma")
 
 
 def summarise(records: list[dict]) -> list[dict]:
@@ -350,11 +347,10 @@ def summarise_group(group: list[dict]) -> dict:
 def dropmatch_vs_base(summary: list[dict]) -> list[dict]:
     """DropMatch rows next to their base (exact at T = 0, sampling at T > 0): same set, drafter,
     gamma, temperature and prompts. Relative tau, speed-up ratio, quality deltas."""
-    index = {(r["set"], r["temperature"], r["tool"], r["drafter"], r["policy"], r["gamma"]): r
-             for r in summary if r["criterion"] is None}
+    index = {(r["set"], r["temperature"], r["tool"], r["drafter"], r["spec"], r["gamma"]): r for r in summary}
     rows = []
     for r in summary:
-        if r["policy"] != "dropmatch":
+        if r["policy"] not in DROPMATCH:
             continue
         base_name = "exact" if r["temperature"] == 0 else "sampling"
         base = index.get((r["set"], r["temperature"], r["tool"], r["drafter"], base_name, r["gamma"]))
@@ -363,7 +359,7 @@ def dropmatch_vs_base(summary: list[dict]) -> list[dict]:
         delta = lambda k: None if r[k] is None or base[k] is None else r[k] - base[k]  # noqa: E731
         rows.append({
             "set": r["set"], "temperature": r["temperature"], "drafter": r["drafter"], "gamma": r["gamma"],
-            "criterion": r["criterion"], "base": base_name, "tau": r["tau"], "tau_base": base["tau"],
+            "rule": r["spec"], "base": base_name, "tau": r["tau"], "tau_base": base["tau"],
             "tau_gain": ratio(r["tau"], base["tau"]) - 1 if r["tau"] and base["tau"] else None,
             "speedup_vs_base": ratio(r["speedup"], base["speedup"]),
             "delta_agree_prefix": delta("agree_prefix"), "delta_nll": delta("nll"),
@@ -390,7 +386,7 @@ def head_agreement_table(records: list[dict], summary: list[dict]) -> list[dict]
     rows = []
     for name, acc in direct.items():
         n, hist = acc["positions"], acc["distinct_histogram"]
-        loop = [s["heads_all_agree"] for s in summary if s["set"] == name and s["policy"] == "dropmatch"
+        loop = [s["heads_all_agree"] for s in summary if s["set"] == name and s["policy"] in DROPMATCH
                 and s["temperature"] == 0 and s["heads_all_agree"] is not None]
         rows.append({"set": name, "positions": n, "all_agree": ratio(acc["all_agree"], n),
                      "mean_distinct": ratio(sum((i + 1) * c for i, c in enumerate(hist)), n),
@@ -407,8 +403,7 @@ def render_markdown(result: dict) -> str:
     settings = result["settings"]
     parts = ["# minispec: acceptance policies and drafters\n", benchlib.record_markdown(result["run"]),
              f"Target dtype {settings['dtype']}, kernels {settings['kernels']}, up to {settings['max_new_tokens']} "
-             f"new tokens, {settings['prompts_per_set']} prompt(s) per set, seed {settings['seed']}, DropMatch "
-             f"p={settings['dropout_p']}, K={settings['paths']}.\n"]
+             f"new tokens, {settings['prompts_per_set']} prompt(s) per set, seed {settings['seed']}.\n"]
     for temperature in settings["temperatures"]:
         parts += _md_temperature(result["summary"], settings, temperature)
     parts += _md_dropmatch(result, settings)
@@ -456,11 +451,11 @@ def _md_dropmatch(result: dict, settings: dict) -> list[str]:
     """DropMatch vs its base (pooled) and the head-agreement table."""
     parts, k = [], settings["paths"]
     if result["dropmatch_vs_base"]:
-        parts += [f"## DropMatch vs its base (p={settings['dropout_p']}, K={k}), all sets pooled\n",
+        parts += ["## DropMatch vs its base, all sets pooled\n",
                   "Base: exact at T = 0, speculative sampling at T > 0; same drafter, gamma and prompts.\n",
-                  md_table(["T", "drafter", "g", "criterion", "tau", "tau base", "tau gain", "speed-up / base",
+                  md_table(["T", "drafter", "g", "rule", "tau", "tau base", "tau gain", "speed-up / base",
                             "d agree prefix", "d NLL", "d GSM8K", "policy share", "heads agree"],
-                           [[f"{r['temperature']:g}", r["drafter"], str(r["gamma"]), r["criterion"], fmt(r["tau"]),
+                           [[f"{r['temperature']:g}", r["drafter"], str(r["gamma"]), r["rule"], fmt(r["tau"]),
                              fmt(r["tau_base"]), fmt(r["tau_gain"], "+.1%"), fmt(r["speedup_vs_base"], ".2f", "x"),
                              fmt(r["delta_agree_prefix"], "+.0%"), fmt(r["delta_nll"], "+.3f"),
                              fmt(r["delta_gsm8k_accuracy"], "+.0%"), fmt(r["policy_share"], ".1%"),
@@ -469,7 +464,7 @@ def _md_dropmatch(result: dict, settings: dict) -> list[str]:
     if result["head_agreement"]:
         sets = list(settings["sets"]) + ["all"]
         rows = sorted(result["head_agreement"], key=lambda r: sets.index(r["set"]) if r["set"] in sets else len(sets))
-        parts += [f"## Head agreement (the paper's Table 2) at p={settings['dropout_p']}, K={k}\n",
+        parts += [f"## Head agreement (the paper's Table 2) at p={settings['dropout_p']}, K={k} (the first DropMatch rule's)\n",
                   "Direct: the float32 target's LM-head inputs along plain greedy outputs; all K dropout heads' "
                   "argmax = the clean argmax, and the share of positions by number of distinct head tokens. "
                   "Loop: heads agree of the DropMatch runs at T = 0.\n",
@@ -582,7 +577,7 @@ def finish_record(rt: Runtime, args: Args, record: dict, prompt: benchlib.Prompt
     record["speedup"] = ratio(record["tokens_per_second"], rt.baselines.get(key))
     record["vs_minispec_plain"] = ratio(record["tokens_per_second"], rt.baselines.get(key[:3] + ("minispec",)))
     add_quality(rt, record, prompt)
-    if plain_greedy and any(p.startswith("dropmatch") for p in args.policies):
+    if plain_greedy and args.paths is not None:
         hidden = target_nll(rt.model_fp32, prompt.ids, record["tokens"])[1]
         record["dropmatch_heads"] = head_agreement(hidden, rt.model_fp32.head, args.dropout_p, args.paths, args.seed)
 
@@ -612,6 +607,7 @@ def _run(args: Args) -> dict:
         records = run_all(rt, args, prompts, configs, sink)
     summary = summarise(records)
     settings = {k: v for k, v in asdict(args).items() if k not in ("out", "ckpt", "data_dir", "argv")}
+    settings["policies"] = [spec.text for spec in args.policies]
     settings["configs"] = [c.label for c in configs]
     result = {
         "run": benchlib.finish_record(record),
@@ -651,14 +647,14 @@ class Args:
     max_new_tokens: int
     prompts_per_set: int
     sets: tuple[str, ...]
-    policies: tuple[str, ...]  # "exact", ..., "dropmatch:<criterion>" (plain decoding always runs)
+    policies: tuple[benchlib.PolicySpec, ...]  # the rules (plain decoding always runs)
     drafters: tuple[str, ...]
     gammas: tuple[int, ...]
     temperatures: tuple[float, ...]
     transformers: bool
     seed: int
-    dropout_p: float
-    paths: int
+    dropout_p: float | None  # p and K of the first DropMatch rule (the head-agreement table); None without one
+    paths: int | None
     distortion_draws: int
     threads: int | None
     argv: tuple[str, ...]  # for the run record
@@ -666,28 +662,6 @@ class Args:
 
 def _expand_set(name: str) -> tuple[str, ...] | None:
     return SET_ALIASES.get(name) or ((name,) if name in ALL_SETS else None)
-
-
-def _expand_policy(name: str) -> tuple[str, ...] | None:
-    if name in BASE_POLICIES:
-        return (name,)
-    if name == "dropmatch":
-        return tuple(f"dropmatch:{c}" for c in DROPMATCH_DEFAULT_CRITERIA)
-    kind, _, value = name.partition(":")
-    if kind == "lenience":
-        try:
-            return (name,) if 0 <= float(value) <= 1 else None
-        except ValueError:
-            return None
-    if kind == "fly":
-        return (name,) if value.isdigit() else None
-    if kind in ("ensemble", "kl-judge"):
-        try:
-            number = float(value)
-        except ValueError:
-            return None
-        return (name,) if (0 <= number <= 1 if kind == "ensemble" else 0 <= number < math.inf) else None
-    return (name,) if kind == "dropmatch" and value in DROPMATCH_CRITERIA else None
 
 
 def _expand_drafter(name: str) -> tuple[str, ...] | None:
@@ -717,13 +691,9 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--sets", type=benchlib.name_list("--sets", _expand_set, ",".join(ALL_SETS + tuple(SET_ALIASES))),
                    default=None, help="comma-separated; spec_bench = its six categories (if not given: all; --quick: "
                    "mt_bench,gsm8k,humaneval)")
-    p.add_argument("--policies", default="exact,sampling,typical,dropmatch",
-                   type=benchlib.name_list("--policies", _expand_policy, "exact, sampling, block, typical, "
-                                           "lenience:BETA (0 <= BETA <= 1), fly:W (window W below every gamma), "
-                                           "ensemble:W (0 <= W <= 1), kl-judge:NATS (a threshold >= 0), "
-                                           f"dropmatch (= criteria {','.join(DROPMATCH_DEFAULT_CRITERIA)}) or "
-                                           f"dropmatch:CRITERION with CRITERION in {','.join(DROPMATCH_CRITERIA)}"),
-                   help="comma-separated; plain decoding always runs")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, type=benchlib.policy_list("--policies", CHAIN_RULES),
+                   help="comma-separated rules, each NAME[:key=value,...] as python -m minispec.generate's --policy "
+                        "takes it (DropMatch's masks are seeded by --seed unless it sets seed=); plain decoding always runs")
     p.add_argument("--drafters", type=benchlib.name_list("--drafters", _expand_drafter,
                                                          "ngram, ngram:N, early-exit:N, self:bf16, self:int8, "
                                                          "a draft checkpoint folder or known name"),
@@ -736,9 +706,6 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--no-transformers", dest="transformers", action="store_false",
                    help="skip transformers' generate and prompt-lookup rows")
     p.add_argument("--seed", type=ranged(int, "--seed", lo=0), default=0, help="seed of every sampled run")
-    p.add_argument("--dropout-p", type=ranged(float, "--dropout-p", lo=0, hi=1, hi_open=True), default=0.3,
-                   help="DropMatch p")
-    p.add_argument("--paths", type=ranged(int, "--paths", lo=1), default=5, help="DropMatch K")
     p.add_argument("--distortion-draws", type=ranged(int, "--distortion-draws", lo=1, hi=1024), default=8,
                    help="DropMatch's distortion: mask draws per judged position (Monte Carlo; its error is shown)")
     return p
@@ -751,17 +718,18 @@ def parse_args(argv: list[str] | None = None) -> Args:
     ns = parser.parse_args(argv)
     preset = QUICK if ns.quick else FULL
     pick = lambda name: getattr(ns, name) if getattr(ns, name) is not None else preset[name]  # noqa: E731
-    windows = [int(spec.partition(":")[2]) for spec in ns.policies if spec.startswith("fly:")]
+    windows = [spec.build().window_size for spec in ns.policies if spec.name == "fly"]
     if windows and max(windows) >= min(pick("gammas")):
-        parser.error(f"--policies fly:{max(windows)}: FLy's window must be below every gamma (a deferred draft needs W "
-                     f"drafts after it in its step); expected W < {min(pick('gammas'))} or larger --gammas")
+        parser.error(f"--policies fly: window_size = {max(windows)}: FLy's window must be below every gamma (a deferred "
+                     f"draft needs W drafts after it in its step); expected W < {min(pick('gammas'))} or larger --gammas")
+    dropmatch = next((spec.build() for spec in ns.policies if spec.name in DROPMATCH), None)
     return Args(
         quick=ns.quick, out=benchlib.out_dir(PROG, ns.out), ckpt=ns.ckpt, data_dir=ns.data_dir or benchlib.DATA, dtype=ns.dtype,
         kernels=ns.kernels, max_new_tokens=pick("max_new_tokens"), prompts_per_set=pick("prompts_per_set"),
         sets=tuple(pick("sets")), policies=tuple(ns.policies), drafters=tuple(pick("drafters")),
         gammas=tuple(pick("gammas")),
         temperatures=tuple(sorted(pick("temperatures"))),  # 0 first: its plain run is the greedy reference
-        transformers=ns.transformers, seed=ns.seed, dropout_p=ns.dropout_p, paths=ns.paths,
+        transformers=ns.transformers, seed=ns.seed, dropout_p=dropmatch and dropmatch.p, paths=dropmatch and dropmatch.paths,
         distortion_draws=ns.distortion_draws, threads=ns.threads,
         argv=tuple(argv),
     )

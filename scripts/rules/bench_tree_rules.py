@@ -58,40 +58,11 @@ CHAIN_RULES = ("sampling", "block", "typical", "dropmatch")
 BASE = "tree sampling"
 
 
-def parse_rule(spec: str, allowed: tuple[str, ...], flag: str) -> tuple[str, str, dict]:
-    """'dropmatch:0.3' -> ('dropmatch:0.3', 'dropmatch', {'p': 0.3, 'paths': 5}); 'traversal' -> (..., {})."""
-    kind, _, value = spec.partition(":")
-    expected = f"{flag} {spec!r}: expected comma-separated names among {', '.join(allowed)} (dropmatch:P, 0 <= P < 1)"
-    if kind not in allowed or (kind == "dropmatch") != bool(value):
-        raise MinispecError(expected)
-    if kind != "dropmatch":
-        return spec, kind, {}
-    try:
-        p = float(value)
-    except ValueError:
-        raise MinispecError(expected) from None
-    if not 0 <= p < 1:
-        raise MinispecError(expected)
-    return spec, "dropmatch", {"p": p, "paths": 5}
-
-
-def rule_list(allowed: tuple[str, ...], flag: str):
-    def parse(text: str) -> tuple:
-        rules = tuple(parse_rule(s.strip(), allowed, flag) for s in text.split(",") if s.strip())
-        if not rules and flag == "--rules":
-            raise MinispecError(f"{flag} {text!r}: expected at least one rule")
-        return rules
-
-    return parse
-
-
 def rows_of(args) -> list[dict]:
     """Every row the run decodes: the trees (sampling first: the base), then the chains."""
-    trees = [("sampling", "sampling", {})] + [r for r in args.rules if r[0] != "sampling"]
-    rows = [{"label": f"tree {name}", "shape": "tree", "policy": kind, "options": opts} for name, kind, opts in trees]
-    rows += [{"label": f"chain {name}", "shape": "chain", "policy": kind, "options": opts}
-             for name, kind, opts in args.chain]
-    return rows
+    trees = [benchlib.PolicySpec("sampling", "sampling", ())] + [r for r in args.rules if r.text != "sampling"]
+    return [{"label": f"{shape} {r.text}", "shape": shape, "policy": r.name, "options": dict(r.options)}
+            for shape, rules in (("tree", trees), ("chain", args.chain)) for r in rules]
 
 
 @functools.cache
@@ -250,12 +221,13 @@ def main(argv=None) -> int:
                         help="children per node at depth 1, 2, ... (a static tree; if not given: 4,2,1 cut to --gamma)")
     parser.add_argument("--gamma", type=ranged(int, "--gamma", lo=1, hi=32), default=4,
                         help="tree depth, and the chains' draft length")
-    parser.add_argument("--rules", type=rule_list(TREE_RULES, "--rules"),
-                        default="sampling,traversal,multipath,block,typical,dropmatch:0.3",
-                        help=f"tree rules, comma-separated, among {', '.join(TREE_RULES)} (dropmatch:P); "
+    parser.add_argument("--rules", type=benchlib.policy_list("--rules", TREE_RULES),
+                        default="sampling,traversal,multipath,block,typical,dropmatch:p=0.3",
+                        help=f"tree rules, comma-separated, among {', '.join(TREE_RULES)}, each NAME[:key=value,...]; "
                              "tree sampling always runs: the base")
-    parser.add_argument("--chain", type=rule_list(CHAIN_RULES, "--chain"), default="sampling,block",
-                        help=f"chain rules at gamma = --gamma, among {', '.join(CHAIN_RULES)} (dropmatch:P); '' for none")
+    parser.add_argument("--chain", type=benchlib.policy_list("--chain", CHAIN_RULES, empty=True),
+                        default="sampling,block", help=f"chain rules at gamma = --gamma, among {', '.join(CHAIN_RULES)}, "
+                        "each NAME[:key=value,...]; '' for none")
     parser.add_argument("--temperature", type=ranged(float, "--temperature", lo=0.0, hi=100.0, lo_open=True),
                         default=1.0, help="sampling temperature (> 0: at 0 the lossless walks are all greedy)")
     parser.add_argument("--seeds", type=benchlib.number_list(int, "--seeds", 0), default="0,1", help="comma-separated")

@@ -99,11 +99,15 @@ def pair_rows(result: dict) -> list[dict]:
 
 
 def rule_of(record: dict) -> str:
-    policy = record["policy"]
-    if policy == "dropmatch":  # the paper's criterion (js_or_majority) unnamed; another one named
-        criterion = record.get("criterion") or "js_or_majority"
-        return f"dropmatch-{record.get('dropout_p'):g}" + ("" if criterion == "js_or_majority" else f"-{criterion}")
-    return f"{policy}-{record['criterion']}" if record.get("criterion") else policy  # lenience-0.5, fly-3
+    """A chain rule's short name: its registered name, then its options' values (lenience-0.5, fly-3);
+    DropMatch as dropmatch-P, its criterion named unless it is the paper's (js_or_majority)."""
+    from minispec import acceptance
+
+    options = dict(record.get("options") or ())
+    if record["policy"] in ("dropmatch", "dropmatch-lazy"):
+        built = acceptance.get(record["policy"], **options)
+        return f"dropmatch-{built.p:g}" + ("" if built.criterion == "js_or_majority" else f"-{built.criterion}")
+    return "-".join([record["policy"], *(f"{v:g}" if isinstance(v, float) else str(v) for v in options.values())])
 
 
 def chain_rows(results: list[dict]) -> list[dict]:
@@ -129,8 +133,7 @@ def target_of(result: dict) -> str:
 def run_rows(result: dict) -> list[dict]:
     """The chain configurations of one bench_policies result, against its base."""
     model = target_of(result)
-    p = result["settings"]["dropout_p"]
-    records = [{**r, "dropout_p": p} for r in result["records"] if r["tool"] == "minispec" and r["drafter"]]
+    records = [r for r in result["records"] if r["tool"] == "minispec" and r["drafter"]]
     groups: dict[tuple, dict[str, dict]] = {}  # (drafter, gamma, T) -> rule -> {prompt: record}
     for r in records:
         groups.setdefault((r["drafter"], r["gamma"], r["temperature"]), {}).setdefault(rule_of(r), {})[

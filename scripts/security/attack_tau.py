@@ -34,7 +34,6 @@ seeded: the same flags give the same prompts and tokens (timings vary).
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 from pathlib import Path
@@ -187,27 +186,9 @@ def render(result: dict) -> str:
 # ---------------------------------------------------------------------------------------- main
 
 
-def built_policies(text: str) -> dict:
-    """--policies: {spec: policy object}, each spec parsed as --policy parses it."""
-    from minispec import acceptance
-    from minispec.errors import MinispecError
-    from minispec.generate.policy_spec import policy_spec
-
-    built = {}
-    for spec in dict.fromkeys(p.strip() for p in text.split(",") if p.strip()):
-        try:
-            name, options = policy_spec(spec)
-            built[spec] = acceptance.get(name, **options)
-        except MinispecError as error:
-            raise argparse.ArgumentTypeError(f"--policies: {error}") from None
-    if not built:
-        raise argparse.ArgumentTypeError(f"--policies {text!r}: expected comma-separated rules")
-    return built
-
-
 def build_parser() -> benchlib.Parser:
     p = benchlib.add_speculation_flags(benchlib.script_parser(PROG, __doc__))
-    p.add_argument("--policies", type=built_policies, default="exact,typical,fly,dropmatch-lazy:p=0.3",
+    p.add_argument("--policies", type=benchlib.policy_list("--policies"), default="exact,typical,fly,dropmatch-lazy:p=0.3",
                    help="comma-separated acceptance rules, each NAME[:key=value,...], evaluated benign and attacked")
     p.add_argument("--sets", type=benchlib.name_list("--sets", benchlib.PROMPT_SETS), default="humaneval,mt_bench",
                    help="comma-separated prompt sets")
@@ -224,7 +205,7 @@ def build_parser() -> benchlib.Parser:
 def run(args, ckpt: Path) -> dict:
     import minispec
 
-    built = args.policies  # {spec: policy}
+    built = {spec.text: spec.build() for spec in args.policies}
     drafter_specs = benchlib.speculation(PROG, args)
     tokenizer = minispec.load_tokenizer(ckpt)
     prompts = benchlib.load_prompts(args.sets, args.prompts, tokenizer)

@@ -1,7 +1,7 @@
 """Batched decoding: aggregate tok/s of plain and speculative decoding against the batch size.
 
     python scripts/speed/bench_batch.py [--sets summarization,rag] [--batch-sizes 1,2,4,8,16] [--max-new-tokens 64]
-                                  [--drafts ngram@3,self:int8@8] [--policies exact,dropmatch,dropmatch-lazy]
+                                  [--drafts ngram@3,self:int8@8] [--policies exact,dropmatch:p=0.3]
                                   [--reps 2] [--threads 2] [--no-transformers]
 
 Greedy (T = 0), float32 target on the fast kernels. A batch of size B is the first B prompts of
@@ -11,9 +11,10 @@ configuration does the same work. Per set and batch size, the configurations tak
 
     plain                       minispec.generate_batch without a draft: one [R, 1] pass per step
     SPEC gG POLICY              generate_batch with draft SPEC, gamma G (--drafts SPEC@G), each
-                                policy of --policies: exact, dropmatch (every dropout path scored
-                                by the row's own policy), dropmatch-lazy (extra head rows batched
-                                into the verify's one head call); DropMatch at p = --dropout-p
+                                rule of --policies (NAME[:key=value,...], as --policy takes it):
+                                exact, dropmatch (every dropout path scored by the row's own
+                                policy), dropmatch-lazy (extra head rows batched into the
+                                verify's one head call)
     transformers                transformers' batched greedy generate: left padding, pad = eos
 
 Numbers per configuration (medians over the repetitions): tok/s = every row's tokens over the
@@ -63,14 +64,14 @@ DEFAULT_SETS = ("summarization", "rag")
 class Config:
     draft: str | None = None  # a drafter spec (minispec.chain.drafters.make_drafter); None: plain decoding
     gamma: int | None = None
-    policy: str | None = None  # an acceptance policy name
+    policy: benchlib.PolicySpec | None = None  # the acceptance rule
     transformers: bool = False
 
     @property
     def name(self) -> str:
         if self.transformers:
             return "transformers"
-        return "plain" if self.draft is None else f"{self.draft} g{self.gamma} {self.policy}"
+        return "plain" if self.draft is None else f"{self.draft} g{self.gamma} {self.policy.text}"
 
 
 def parse_draft(text: str) -> tuple[str, int]:
@@ -106,7 +107,7 @@ def up_to_list(text: str) -> dict[str, int]:
 
 def runs_at(config: Config, batch_size: int, up_to: dict[str, int]) -> bool:
     """Whether --up-to lets this configuration run at this batch size (plain always runs)."""
-    name = "transformers" if config.transformers else config.policy
+    name = "transformers" if config.transformers else config.policy and config.policy.name
     return name is None or batch_size <= up_to.get(name, batch_size)
 
 
@@ -152,16 +153,13 @@ def hf_generate_batch(hf, prompts: list[list[int]], max_new_tokens: int, pad_id:
             "decode_seconds": None if clock.first is None else t0 + seconds - clock.first}
 
 
-def minispec_batch(target, drafters: dict, config: Config, prompts: list[list[int]], max_new_tokens: int,
-                   dropout_p: float) -> dict:
+def minispec_batch(target, drafters: dict, config: Config, prompts: list[list[int]], max_new_tokens: int) -> dict:
     """generate_batch for one configuration: every row's tokens and the batch's stats."""
-    from minispec import acceptance
     from minispec.batch.speculative import generate_batch
 
     options = {}
     if config.draft is not None:
-        policy = config.policy if config.policy == "exact" else acceptance.get(config.policy, p=dropout_p)
-        options = {"draft": drafters[config.draft], "gamma": config.gamma, "policy": policy}
+        options = {"draft": drafters[config.draft], "gamma": config.gamma, "policy": config.policy.build()}
     t0 = time.perf_counter()
     result = generate_batch(target, prompts, max_new_tokens=max_new_tokens, eos_token_ids=[], temperature=0.0,
                             seed=0, **options)
@@ -173,18 +171,17 @@ def minispec_batch(target, drafters: dict, config: Config, prompts: list[list[in
             "policy_seconds": s.get("policy_seconds"), "mean_rows_per_pass": s["mean_rows_per_pass"]}
 
 
-def run_config(target, drafters: dict, hf, config: Config, prompts, max_new_tokens: int, dropout_p: float,
-               pad_id: int) -> dict:
+def run_config(target, drafters: dict, hf, config: Config, prompts, max_new_tokens: int, pad_id: int) -> dict:
     if config.transformers:
         return hf_generate_batch(hf, prompts, max_new_tokens, pad_id)
-    return minispec_batch(target, drafters, config, prompts, max_new_tokens, dropout_p)
+    return minispec_batch(target, drafters, config, prompts, max_new_tokens)
 
 
 # ------------------------------------------------------------------------------------ the runs
 
 
 def bench_set(target, drafters: dict, hf, set_name: str, prompts: list[list[int]], batch_sizes, reps: dict,
-              all_configs: list[Config], max_new_tokens: int, dropout_p: float, pad_id: int,
+              all_configs: list[Config], max_new_tokens: int, pad_id: int,
               up_to: dict[str, int] | None = None) -> list[dict]:
     """Per batch size B: a warm-up of every configuration on short prompts, then the configurations
     in turn on the first B prompts, reps[B] times. One record per (B, configuration)."""
@@ -192,10 +189,9 @@ def bench_set(target, drafters: dict, hf, set_name: str, prompts: list[list[int]
     for batch_size in batch_sizes:
         batch = prompts[:batch_size]
         config_list = [c for c in all_configs if runs_at(c, batch_size, up_to or {})]
-        run = partial(run_config, target, drafters, hf, max_new_tokens=max_new_tokens, dropout_p=dropout_p,
-                      pad_id=pad_id)
+        run = partial(run_config, target, drafters, hf, max_new_tokens=max_new_tokens, pad_id=pad_id)
         for config in config_list:  # new shapes pay one-time costs (oneDNN primitives, allocations) here
-            run_config(target, drafters, hf, config, [p[:16] for p in batch], min(max_new_tokens, 12), dropout_p, pad_id)
+            run_config(target, drafters, hf, config, [p[:16] for p in batch], min(max_new_tokens, 12), pad_id)
         runs: dict[str, list[dict]] = {c.name: [] for c in config_list}
         load = benchlib.load_average()
         print(f"{PROG}: {set_name}, B = {batch_size}, {len(config_list)} configurations x {reps[batch_size]} "
@@ -225,7 +221,7 @@ def record(set_name: str, batch_size: int, config: Config, runs: list[dict], sec
 
     return {
         "set": set_name, "batch_size": batch_size, "config": config.name, "draft": config.draft, "gamma": config.gamma,
-        "policy": config.policy, "reps": len(runs), "load_average": load,
+        "policy": config.policy and config.policy.text, "reps": len(runs), "load_average": load,
         "generated": generated, "tokens": first["tokens"], "tau": first.get("tau"),
         "seconds": seconds, "decode_seconds": decode,
         "rep_seconds": [r["seconds"] for r in runs], "rep_decode_seconds": [r["decode_seconds"] for r in runs],
@@ -311,7 +307,7 @@ def render(result: dict) -> str:
     parts = ["# minispec: batched decoding\n", benchlib.record_markdown(result["run"]),
              (f"Greedy, float32, fast kernels; {s['max_new_tokens']} new tokens per row (eos ignored); batch B = the "
              f"first B prompts of the set; repetitions per B: {', '.join(f'{b}: {n}' for b, n in s['reps'].items())} "
-             f"(medians); DropMatch p = {s['dropout_p']}, K = 5; only up to B: {s.get('up_to') or 'none'}. tok/s = all rows' tokens / wall time (prefill "
+             f"(medians); only up to B: {s.get('up_to') or 'none'}. tok/s = all rows' tokens / wall time (prefill "
              "included); decode tok/s = the tokens after each row's first / time after the batch prefill. Load "
              "average per B in the JSON records.\n")]
     rows = result["rows"]
@@ -387,14 +383,14 @@ def build_parser() -> benchlib.Parser:
                    help="new tokens per row (eos ignored)")
     p.add_argument("--drafts", type=draft_list, default="ngram@3,self:int8@8",
                    help="comma-separated SPEC@GAMMA: a drafter (ngram, self:int8, self:bf16, early-exit:N, ...) and its gamma")
-    p.add_argument("--policies", type=benchlib.name_list("--policies", POLICIES), default=",".join(POLICIES),
-                   help="comma-separated acceptance policies for every draft")
-    p.add_argument("--dropout-p", type=ranged(float, "--dropout-p", lo=0.0, hi=0.99), default=0.3,
-                   help="DropMatch's dropout probability")
+    p.add_argument("--policies", type=benchlib.policy_list("--policies", POLICIES),
+                   default="exact,dropmatch:p=0.3,dropmatch-lazy:p=0.3",
+                   help=f"comma-separated acceptance rules among {', '.join(POLICIES)}, each NAME[:key=value,...] as "
+                        "python -m minispec.generate's --policy takes it, for every draft")
     p.add_argument("--reps", type=reps_list, default="2",
                    help="timed repetitions per batch size: one number, or one per batch size (repeats kept)")
     p.add_argument("--up-to", type=up_to_list, default="",
-                   help="comma-separated NAME=B: run a policy (or transformers) only at batch sizes <= B")
+                   help="comma-separated NAME=B: run a rule named NAME (or transformers) only at batch sizes <= B")
     p.add_argument("--context", type=ranged(int, "--context", lo=1), default=None,
                    help="cached positions per row for the pass-cost table (if not given: the prompts' median length)")
     p.add_argument("--no-transformers", dest="transformers", action="store_false", help="leave transformers out")
@@ -442,7 +438,7 @@ def run(args, ckpt: Path) -> dict:
     with torch.inference_mode():
         for name, ids in prompts.items():
             records += bench_set(loaded.model, loaded.drafters, hf, name, ids, args.batch_sizes, reps, config_list,
-                                 args.max_new_tokens, args.dropout_p, pad_id, args.up_to)
+                                 args.max_new_tokens, pad_id, args.up_to)
     costs = []
     if args.pass_costs:
         context = args.context or int(statistics.median(len(p) for ids in prompts.values() for p in ids))
@@ -452,7 +448,7 @@ def run(args, ckpt: Path) -> dict:
     rows = summarise(records)
     return {"settings": {"sets": list(args.sets), "batch_sizes": list(args.batch_sizes), "reps": reps,
                          "max_new_tokens": args.max_new_tokens, "drafts": [f"{s}@{g}" for s, g in args.drafts],
-                         "policies": list(args.policies), "up_to": args.up_to, "dropout_p": args.dropout_p,
+                         "policies": [spec.text for spec in args.policies], "up_to": args.up_to,
                          "threads": torch.get_num_threads(),
                          "prompt_tokens": {name: [len(p) for p in ids] for name, ids in prompts.items()}},
             "rows": rows, "dropmatch": dropmatch_gains(rows), "pass_costs": costs, "records": records}
