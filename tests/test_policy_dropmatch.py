@@ -53,7 +53,7 @@ class SharedHead:
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         self.calls.append(rows)
-        keys = [row.detach().cpu().numpy().tobytes() for row in rows]
+        keys = [row.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() for row in rows]  # any dtype
         new = list(dict.fromkeys(k for k in keys if k not in self._memo))
         if new:
             index = {k: i for i, k in enumerate(keys)}
@@ -418,6 +418,15 @@ def assert_lazy_decides_as_eager(run):
         got = lazy(loop_input(step, head, params))
         assert head.new_rows == 0, "LazyDropMatch scored a row DropMatch did not: not the same masks"
         assert outcome(got) == outcome(want)
+
+
+@given(run=dropmatch_runs())
+def test_lazy_dropmatch_decides_exactly_as_dropmatch_with_a_bfloat16_head(run):
+    """The --dtype bfloat16 slice: the head's weight and input in bfloat16, as the loop runs a bf16
+    target (masks, path logits and the JS test then start from bf16 rows)."""
+    options, steps, weight, params = run
+    as_bf16 = [Step(s.hidden.to(torch.bfloat16), s.draft_tokens, s.draft_logits, s.seed) for s in steps]
+    assert_lazy_decides_as_eager((options, as_bf16, weight.to(torch.bfloat16), params))
 
 
 @pytest.mark.parametrize("criterion", CRITERIA)

@@ -75,8 +75,18 @@ def from_the_definition(inp, window: int, threshold: float, top_k: int) -> tuple
     return num_accepted, correction_or_bonus(inp.p_target, inp.q_draft, num_accepted, inp.generator)  # the base's
 
 
-@given(inp=chains(), seed=seeds, window=windows, threshold=thresholds, top_k=top_ks)
-def test_fly_equals_its_rule_written_out(inp, seed, window, threshold, top_k):
+@given(inp=chains(), seed=seeds, window=windows, threshold=thresholds, top_k=top_ks, at=st.none() | st.integers(0, 4),
+       above=st.booleans())
+def test_fly_equals_its_rule_written_out(inp, seed, window, threshold, top_k, at, above):
+    """On every slice; with `at`, the threshold sits a hair above or below position at's own top-k
+    entropy (the definition's c: p_target at T > 0, softmax of the logits at T = 0), so that the
+    gate's verdict there turns on reading the right distribution."""
+    if at is not None and at < inp.gamma:
+        c = (torch.softmax(inp.target_logits, -1) if inp.params.greedy else inp.p_target)[at].tolist()
+        entropy = -sum(v * math.log(v) for v in sorted(c, reverse=True)[:top_k] if v > 0)
+        threshold = entropy * (1 + (1e-9 if above else -1e-9))
+        if entropy < 1e-6:
+            return  # a one-hot row: no threshold tells readings apart
     inp.generator = torch.Generator().manual_seed(seed)
     got = decided(FLy(window, threshold, top_k)(inp))
     inp.generator = torch.Generator().manual_seed(seed)

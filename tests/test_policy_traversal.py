@@ -212,9 +212,13 @@ def test_traversal_beats_token_level_where_a_child_makes_up_for_its_parent():
 
 @st.composite
 def chains(draw, max_gamma: int = 5, max_vocab: int = 6) -> VerifyInput:
-    """A chain's input, float64: each d_i the target's argmax half the time, else a draw from q."""
+    """A chain's input, float64: each d_i the target's argmax half the time, else a draw from q. Every
+    slice: temperatures far from 1 and, at T > 0, top-k and top-p (where p_target and q_draft are not
+    softmaxes of the logits, and a draft may have no mass under its own q)."""
     gamma, vocab = draw(st.integers(0, max_gamma)), draw(st.integers(2, max_vocab))
-    params = SamplingParams(draw(st.sampled_from([0.0, 0.7, 1.0])))
+    temperature = draw(st.sampled_from([0.0, 0.3, 0.7, 1.0, 2.0]))
+    params = SamplingParams(temperature, *((draw(st.one_of(st.none(), st.integers(1, vocab))),
+                                            draw(st.sampled_from([None, 0.5, 0.9]))) if temperature > 0 else ()))
     gen = torch.Generator().manual_seed(draw(seeds))
     target_logits = (torch.randint(-2, 3, (gamma + 1, vocab), generator=gen).to(F64) if draw(st.booleans())
                      else 3 * torch.randn(gamma + 1, vocab, generator=gen, dtype=F64))  # [gamma+1, V], ties or not
