@@ -49,11 +49,13 @@ def test_typical_acceptance_is_its_definition_on_every_slice(inp, eps, delta, ne
     assert got == want, (inp.params, got, want)
 
 
-@given(inp=verify_inputs(), threshold=st.floats(0.0, 3.0), confidence=st.floats(0.5, 1.0), seed=seeds)
-def test_the_kl_judge_is_its_definition_on_every_slice(inp, threshold, confidence, seed):
+@given(inp=verify_inputs(), threshold=st.floats(0.0, 3.0), confidence=st.floats(0.5, 1.0), seed=seeds,
+       at=st.none() | st.integers(0, 4), above=st.booleans())
+def test_the_kl_judge_is_its_definition_on_every_slice(inp, threshold, confidence, seed, at, above):
     """accepted_i = base_i or (KL(c_i || e_i) < threshold and max c_i <= confidence and c_i(d_i) > 0);
     c, e = p_target, q_draft at T > 0 (filters applied), softmax of the raw logits at T = 0; base:
-    argmax at T = 0, u_i < min(1, p/q) with the step's first gamma uniforms at T > 0."""
+    argmax at T = 0, u_i < min(1, p/q) with the step's first gamma uniforms at T > 0. With `at`, the
+    threshold sits 1e-7 (relative) above or below position at's own KL, and the confidence is 1."""
     assume(inp.gamma > 0)
     gamma, drafts = inp.gamma, inp.draft_tokens.tolist()
     inp.generator = torch.Generator().manual_seed(seed)
@@ -71,8 +73,13 @@ def test_the_kl_judge_is_its_definition_on_every_slice(inp, threshold, confidenc
             return math.inf
         return sum(p * math.log(p / q) for p, q in zip(ci, ei) if p > 0)
 
+    if at is not None and at < gamma and 0 < kl(c[at], e[at]) < math.inf:
+        threshold, confidence = kl(c[at], e[at]) * (1 + (1e-7 if above else -1e-7)), 1.0
     judged = [kl(c[i], e[i]) < threshold and max(c[i]) <= confidence and c[i][d] > 0 for i, d in enumerate(drafts)]
-    margins = [abs(kl(c[i], e[i]) - threshold) for i in range(gamma)] + [abs(max(c[i]) - confidence) for i in range(gamma)]
+    def margin(a, b):  # relative: float64 sums over a few tokens carry ~1e-15 of round-off
+        return abs(a - b) / max(abs(a), abs(b), 1e-300) if math.isfinite(a) else 1.0
+
+    margins = [margin(kl(c[i], e[i]), threshold) for i in range(gamma)] + [margin(max(c[i]), confidence) for i in range(gamma)]
     assume(min(margins) > 1e-9)  # away from round-off at either threshold
     want = prefix([b or j for b, j in zip(base, judged)])
     assert KLJudge(threshold=threshold, confidence=confidence)(inp).num_accepted == want
