@@ -4,6 +4,7 @@ class with the invariant meant for it, and fails a check whose control it cannot
 The budget here is smaller than the report's (a bias of total variation 0.15 instead of 0.05), so
 the suite stays fast; each statistical verdict still carries the power it had at that size."""
 
+import importlib.util
 import sys
 
 import pytest
@@ -172,3 +173,46 @@ def test_planted_bugs_the_suite_misses_fail_the_command(monkeypatch, capsys):
     monkeypatch.setattr(report, "PLANTS", [missed])
     assert main(["--planted", "--delta", "0.25"]) == 1
     assert "seeded (NO)" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ public engines
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the missing-package line cannot be shown")
+def test_a_public_engine_that_is_not_installed_is_one_line_and_all_skips_it(capsys):
+    from minispec.testing.conform import report
+
+    with pytest.raises(SystemExit) as exit_info:
+        sys.exit(main(["vllm"]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and "vllm: not installed" in err[0], err
+    assert "docs/conformance.md" in err[0]
+    names = [e.name for e in report.engine_named("all")]
+    assert not any(n.startswith("vllm") for n in names) and "transformers" in names
+    assert capsys.readouterr().err.strip() == "minispec.testing.conform: vllm: skipped (vllm: not installed; see " \
+                                             "docs/conformance.md for installing vLLM beside the pinned CPU torch)"
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (docs/conformance.md: the recipe)")
+def test_vllm_decides_a_batch_as_each_row_alone_and_greedy_rows_take_the_argmax():
+    from minispec.testing.conform.contract import step_input
+    from minispec.testing.conform.vllm_engine import vllm_engine
+
+    engine = vllm_engine()
+    gen = torch.Generator().manual_seed(0)
+    inputs = []
+    for temperature, top_k, top_p in ((0.0, None, None), (1.0, None, None), (0.7, 3, 0.9), (2.0, None, 0.5)):
+        target, draft = torch.randn(4, 6, generator=gen), torch.randn(3, 6, generator=gen)
+        drafts = torch.randint(0, 6, (3,), generator=gen)
+        inputs.append(step_input(target, draft, drafts, torch.Generator().manual_seed(len(inputs)), temperature,
+                                 top_k, top_p))
+    alone = [engine(inp) for inp in inputs]
+    for seed, inp in enumerate(inputs):
+        inp.generator.manual_seed(seed)
+    assert engine.batch(inputs) == alone
+    greedy = inputs[0]
+    argmax = greedy.target_logits.argmax(-1).tolist()
+    n = alone[0].num_accepted
+    assert greedy.draft_tokens[:n].tolist() == argmax[:n] and alone[0].next_token == argmax[n]

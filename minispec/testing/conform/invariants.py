@@ -104,9 +104,13 @@ class Setting:
                          p_target=ref.p_target.clone(), q_draft=ref.q_draft.clone())
 
 
+CHUNK = 1000  # steps per batch call in `observe`
+
+
 def observe(engine: Engine, setting: Setting, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the step `samples` times: counts of the extended output sequences [V^(gamma+1)] and of
-    the accepted lengths [gamma+1]."""
+    the accepted lengths [gamma+1]. Each step has its own generator, so a batch form gives the same
+    counts as single calls wherever its rows are independent (batch_independent checks that)."""
     ref = setting.reference
     p, q = ref.p_target, ref.q_draft  # [gamma+1, V], [gamma, V]
     gamma, vocab = q.shape
@@ -117,8 +121,11 @@ def observe(engine: Engine, setting: Setting, samples: int, seed: int) -> tuple[
     sequences = torch.zeros(vocab ** (gamma + 1), dtype=torch.long)
     lengths = torch.zeros(gamma + 1, dtype=torch.long)
     weights = vocab ** torch.arange(gamma, -1, -1)  # [gamma+1]: a sequence's index, base V
-    for s in range(samples):
-        out = call(engine, setting.input(drafts[s], seed * 1_000_003 + s))
+    outputs: list[StepOutput] = []
+    for start in range(0, samples, CHUNK):  # an engine with a batch form decides a chunk in one call
+        inputs = [setting.input(drafts[s], seed * 1_000_003 + s) for s in range(start, min(samples, start + CHUNK))]
+        outputs += engine.batch(inputs) if engine.batch_step is not None else [call(engine, i) for i in inputs]
+    for s, out in enumerate(outputs):
         seq = fills[s].clone()
         seq[: out.num_accepted] = drafts[s, : out.num_accepted]
         seq[out.num_accepted] = out.next_token

@@ -1,14 +1,16 @@
 """python -m minispec.testing.conform: the suite's verdicts on named engines, as markdown tables.
 
     python -m minispec.testing.conform transformers transformers:w=0.5 minispec:sampling
-    python -m minispec.testing.conform all                     transformers (plain, w = 0.5), sample-then-match, every minispec policy
+    python -m minispec.testing.conform vllm                    vLLM's rejection sampler, where installed (docs/conformance.md)
+    python -m minispec.testing.conform all                     transformers (plain, w = 0.5), sample-then-match, every minispec
+                                                               policy, and each public engine installed (one line for each not)
     python -m minispec.testing.conform --planted               each planted bug class: caught, and by what
 
 Exit status: 0 when every engine keeps every invariant (and, with --planted, every planted bug is
 caught by the invariant meant for it); 1 otherwise; 2 for a bad ENGINE or flag (one line).
     python -m minispec.testing.conform mypackage.mymodule:engine   your own Engine (or a function returning one)
 
-Engines: `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
+Engines: `vllm`, `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
 `sample-then-match`, `minispec:NAME` or `minispec:NAME:key=value,...` (a registered policy and its options), or
 `module:attribute` naming an Engine. --delta sets the bias of total variation each statistical
 check must detect 99% of the time (smaller: more samples, more minutes).
@@ -29,15 +31,30 @@ from minispec.testing.conform.engines import (NEEDS_THE_HEAD, minispec_engine, s
                                                transformers_engine)
 from minispec.testing.conform.invariants import INVARIANTS, Budget, Verdict, conform
 from minispec.testing.conform.planted import PLANTS, planted_engine
+from minispec.testing.conform.vllm_engine import vllm_engine
 
 PROG = "minispec.testing.conform"
+PUBLIC_ENGINES = {"vllm": vllm_engine}  # name -> factory; MinispecError (one line) where the package is missing
+
+
+def installed_engines() -> list[Engine]:
+    """Each public engine whose package imports here; one line on stderr for each that does not."""
+    engines = []
+    for name, factory in PUBLIC_ENGINES.items():
+        try:
+            engines.append(factory())
+        except MinispecError as err:
+            print(f"{PROG}: {name}: skipped ({err})", file=sys.stderr, flush=True)
+    return engines
 
 
 def engine_named(spec: str) -> list[Engine]:
     """The engines a command-line name stands for; MinispecError naming ENGINE if none."""
     if spec == "all":
         return [transformers_engine(), transformers_engine(0.5), sample_then_match_engine()] + [
-            minispec_engine(name) for name in acceptance.available() if name not in NEEDS_THE_HEAD]
+            minispec_engine(name) for name in acceptance.available() if name not in NEEDS_THE_HEAD] + installed_engines()
+    if spec in PUBLIC_ENGINES:
+        return [PUBLIC_ENGINES[spec]()]
     if spec == "sample-then-match":
         return [sample_then_match_engine()]
     if spec == "transformers":
@@ -58,7 +75,7 @@ def engine_named(spec: str) -> list[Engine]:
         except (ValueError, MinispecError) as err:
             raise MinispecError(f"ENGINE {spec!r}: {str(err).replace('--policy ', '')}") from None
     if ":" not in spec:
-        raise MinispecError(f"ENGINE {spec!r}: expected all, transformers, transformers:w=W, sample-then-match, "
+        raise MinispecError(f"ENGINE {spec!r}: expected all, {', '.join(PUBLIC_ENGINES)}, transformers, transformers:w=W, sample-then-match, "
                             "minispec:NAME[:k=v,...] or module:attribute")
     found = load_object(spec, "ENGINE")
     if isinstance(found, type) or (callable(found) and not isinstance(found, Engine)):
