@@ -191,8 +191,9 @@ def test_a_public_engine_that_is_not_installed_is_one_line_and_all_skips_it(caps
     assert "docs/conformance.md" in err[0]
     names = [e.name for e in report.engine_named("all")]
     assert not any(n.startswith("vllm") for n in names) and "transformers" in names
-    assert capsys.readouterr().err.strip() == "minispec.testing.conform: vllm: skipped (vllm: not installed; see " \
-                                             "docs/conformance.md for installing vLLM beside the pinned CPU torch)"
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"minispec.testing.conform: {name}: skipped (vllm: not installed; see docs/conformance.md for installing "
+        "vLLM beside the pinned CPU torch)" for name in ("vllm", "vllm:no-probs")]
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (docs/conformance.md: the recipe)")

@@ -12,10 +12,8 @@ transformers' own warpers (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogits
 sides, as its assisted decoding does, and seeds the global state from the step's generator,
 restoring it afterwards.
 
-vLLM's rejection sampler is not covered: vLLM's wheels pin a CUDA build of torch of their own
-(installing one would replace the CPU torch this project pins), and its sampler imports its
-Triton kernels at module load; with a vLLM CPU build installed, an adapter is the same few lines
-as transformers' (probabilities in, accepted tokens out).
+vLLM's rejection sampler has its own module, vllm_engine.py: it needs vLLM installed beside the
+pinned CPU torch (docs/conformance.md).
 """
 
 from __future__ import annotations

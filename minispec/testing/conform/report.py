@@ -1,7 +1,8 @@
 """python -m minispec.testing.conform: the suite's verdicts on named engines, as markdown tables.
 
     python -m minispec.testing.conform transformers transformers:w=0.5 minispec:sampling
-    python -m minispec.testing.conform vllm                    vLLM's rejection sampler, where installed (docs/conformance.md)
+    python -m minispec.testing.conform vllm vllm:no-probs      vLLM's rejection sampler with and without draft
+                                                               probabilities, where installed (docs/conformance.md)
     python -m minispec.testing.conform all                     transformers (plain, w = 0.5), sample-then-match, every minispec
                                                                policy, and each public engine installed (one line for each not)
     python -m minispec.testing.conform --planted               each planted bug class: caught, and by what
@@ -10,7 +11,7 @@ Exit status: 0 when every engine keeps every invariant (and, with --planted, eve
 caught by the invariant meant for it); 1 otherwise; 2 for a bad ENGINE or flag (one line).
     python -m minispec.testing.conform mypackage.mymodule:engine   your own Engine (or a function returning one)
 
-Engines: `vllm`, `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
+Engines: `vllm`, `vllm:no-probs`, `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
 `sample-then-match`, `minispec:NAME` or `minispec:NAME:key=value,...` (a registered policy and its options), or
 `module:attribute` naming an Engine. --delta sets the bias of total variation each statistical
 check must detect 99% of the time (smaller: more samples, more minutes).
@@ -34,7 +35,8 @@ from minispec.testing.conform.planted import PLANTS, planted_engine
 from minispec.testing.conform.vllm_engine import vllm_engine
 
 PROG = "minispec.testing.conform"
-PUBLIC_ENGINES = {"vllm": vllm_engine}  # name -> factory; MinispecError (one line) where the package is missing
+PUBLIC_ENGINES = {"vllm": vllm_engine, "vllm:no-probs": lambda: vllm_engine(draft_probs=False)}
+# name -> factory; a MinispecError (one line) where the package is missing
 
 
 def installed_engines() -> list[Engine]:

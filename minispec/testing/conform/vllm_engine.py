@@ -1,8 +1,13 @@
 """vLLM's rejection sampler behind the contract: `vllm.v1.sample.rejection_sampler.RejectionSampler`,
 called as vLLM's model runner calls it.
 
-    vllm_engine()        draft probabilities passed (a draft model, EAGLE): speculative sampling
-                         at T > 0, exact match at T = 0
+    vllm_engine()                   draft probabilities passed (a draft model, EAGLE): speculative
+                                    sampling at T > 0, exact match at T = 0
+    vllm_engine(draft_probs=False)  none passed (n-gram and suffix drafts): vLLM takes q one-hot at
+                                    the draft, keeps it with probability p(d) and otherwise samples
+                                    from p without d. Whatever drew the draft, the output follows p
+                                    (P(y) = q(y) p(y) + sum over d != y of q(d) p(y) = p(y)), and a
+                                    draft is kept with probability sum_x q(x) p(x)
 
 One call of RejectionSampler.forward decides a whole batch, each row a request with its own
 settings and its own torch.Generator (a seeded request), exactly as the model runner builds them
@@ -38,6 +43,7 @@ import torch
 
 from minispec.errors import MinispecError
 from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
+from minispec.testing.conform.engines import matching
 
 INSTALL = "see docs/conformance.md for installing vLLM beside the pinned CPU torch"
 
@@ -66,8 +72,8 @@ def vllm_version() -> str:
 class VllmBatch:
     """RejectionSampler.forward on a list of contract steps: one request per step."""
 
-    def __init__(self) -> None:
-        self.vllm = vllm_modules()
+    def __init__(self, draft_probs: bool = True) -> None:
+        self.vllm, self.draft_probs = vllm_modules(), draft_probs
         self.sampler = self.vllm["rejection"].RejectionSampler(self.vllm["sampler"].Sampler())
 
     def metadata(self, inputs: Sequence[StepInput]):
@@ -105,7 +111,8 @@ class VllmBatch:
         if any(inp.gamma == 0 for inp in inputs):  # vLLM calls its plain sampler for a request with no drafts
             raise MinispecError("vllm: a step with no drafts goes through vLLM's plain sampler, not this one")
         logits = torch.cat([inp.target_logits.float() for inp in inputs])  # [sum(gamma+1), V]
-        draft_probs = torch.cat([inp.q_draft.float() for inp in inputs]).contiguous()  # [sum(gamma), V]
+        draft_probs = torch.cat([inp.q_draft.float() for inp in inputs]).contiguous() if self.draft_probs else None
+        # [sum(gamma), V], or None: the n-gram path
         out = self.sampler(self.spec_metadata(inputs), draft_probs, logits, self.metadata(inputs))
         results = []
         for inp, row in zip(inputs, out.sampled_token_ids.tolist()):  # [gamma+1] each, -1 after the first rejection
@@ -114,9 +121,12 @@ class VllmBatch:
         return results
 
 
-def vllm_engine() -> Engine:
-    """vLLM's RejectionSampler with draft probabilities: lossless at T > 0, greedy at T = 0."""
-    batch = VllmBatch()
-    return Engine(f"vllm {vllm_version()}", lambda inp: batch([inp])[0], claims=lossless, accepts=overlap,
-                  batch_step=batch, note="RejectionSampler.forward with draft probabilities; top-k/top-p through "
-                                         "vLLM's non-Triton filter, its Triton kernels interpreted on the CPU")
+def vllm_engine(draft_probs: bool = True) -> Engine:
+    """vLLM's RejectionSampler: lossless at T > 0, greedy at T = 0; without draft probabilities it
+    accepts sum_x q(x) p(x) (module docstring)."""
+    batch = VllmBatch(draft_probs)
+    name = f"vllm {vllm_version()}" + ("" if draft_probs else " no-probs")
+    return Engine(name, lambda inp: batch([inp])[0], claims=lossless, accepts=overlap if draft_probs else matching,
+                  batch_step=batch, note=f"RejectionSampler.forward {'with' if draft_probs else 'without'} draft "
+                                         "probabilities; top-k/top-p through vLLM's non-Triton filter, its Triton "
+                                         "kernels interpreted on the CPU")
