@@ -180,20 +180,23 @@ def test_planted_bugs_the_suite_misses_fail_the_command(monkeypatch, capsys):
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the missing-package line cannot be shown")
 def test_a_public_engine_that_is_not_installed_is_one_line_and_all_skips_it(capsys):
     from minispec.testing.conform import report
 
+    missing = [name for name, (package, _) in report.PUBLIC_ENGINES.items() if importlib.util.find_spec(package) is None]
+    if not missing:
+        pytest.skip("every public engine is installed here: the missing-package line cannot be shown")
     with pytest.raises(SystemExit) as exit_info:
-        sys.exit(main(["vllm"]))
+        sys.exit(main([missing[0]]))
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(err) == 1 and "vllm: not installed" in err[0], err
+    package = report.PUBLIC_ENGINES[missing[0]][0]
+    assert exit_info.value.code == 2 and len(err) == 1 and f"{package}: not installed" in err[0], err
     assert "docs/conformance.md" in err[0]
     names = [e.name for e in report.engine_named("all")]
-    assert not any(n.startswith("vllm") for n in names) and "transformers" in names
+    assert "transformers" in names and not any(n.split()[0] in {report.PUBLIC_ENGINES[m][0] for m in missing} for n in names)
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"minispec.testing.conform: {name}: skipped (vllm: not installed; see docs/conformance.md for installing "
-        "vLLM beside the pinned CPU torch)" for name in ("vllm", "vllm:no-probs")]
+        f"minispec.testing.conform: {name}: skipped ({report.PUBLIC_ENGINES[name][0]}: not installed; see "
+        "docs/conformance.md for installing it beside the pinned CPU torch)" for name in missing]
 
 
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed (docs/conformance.md: the recipe)")

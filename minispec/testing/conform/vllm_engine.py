@@ -34,8 +34,6 @@ Running it on a CPU (vLLM's wheels are CUDA builds; the sampler is Triton):
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 from typing import Sequence
 
@@ -44,29 +42,19 @@ import torch
 from minispec.errors import MinispecError
 from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
 from minispec.testing.conform.engines import matching
-
-INSTALL = "see docs/conformance.md for installing vLLM beside the pinned CPU torch"
+from minispec.testing.conform.public import modules, need
 
 
 def vllm_modules() -> dict:
     """vLLM's modules the adapter calls, imported for a CPU (module docstring); one line if missing."""
-    if importlib.util.find_spec("vllm") is None:
-        raise MinispecError(f"vllm: not installed; {INSTALL}")
+    need("vllm")
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before vLLM imports Triton
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    names = {"rejection": "vllm.v1.sample.rejection_sampler", "sampler": "vllm.v1.sample.sampler",
+    found = modules("vllm", {"rejection": "vllm.v1.sample.rejection_sampler", "sampler": "vllm.v1.sample.sampler",
              "metadata": "vllm.v1.sample.metadata", "spec": "vllm.v1.spec_decode.metadata",
-             "processors": "vllm.v1.sample.logits_processor", "filters": "vllm.v1.sample.ops.topk_topp_sampler"}
-    try:
-        modules = {key: importlib.import_module(name) for key, name in names.items()}
-    except ImportError as err:  # vLLM itself, or a module one of its imports reaches
-        raise MinispecError(f"vllm: cannot import it ({type(err).__name__}: {err}); {INSTALL}") from None
-    modules["filters"].HAS_TRITON = False  # vLLM's own non-Triton top-k / top-p filter (module docstring)
-    return modules
-
-
-def vllm_version() -> str:
-    return importlib.import_module("vllm").__version__
+             "processors": "vllm.v1.sample.logits_processor", "filters": "vllm.v1.sample.ops.topk_topp_sampler"})
+    found["filters"].HAS_TRITON = False  # vLLM's own non-Triton top-k / top-p filter (module docstring)
+    return found
 
 
 class VllmBatch:
@@ -125,7 +113,7 @@ def vllm_engine(draft_probs: bool = True) -> Engine:
     """vLLM's RejectionSampler: lossless at T > 0, greedy at T = 0; without draft probabilities it
     accepts sum_x q(x) p(x) (module docstring)."""
     batch = VllmBatch(draft_probs)
-    name = f"vllm {vllm_version()}" + ("" if draft_probs else " no-probs")
+    name = f"vllm {need('vllm').__version__}" + ("" if draft_probs else " no-probs")
     return Engine(name, lambda inp: batch([inp])[0], claims=lossless, accepts=overlap if draft_probs else matching,
                   batch_step=batch, note=f"RejectionSampler.forward {'with' if draft_probs else 'without'} draft "
                                          "probabilities; top-k/top-p through vLLM's non-Triton filter, its Triton "

@@ -1,0 +1,27 @@
+"""What the adapters of public engines share: a missing package is one line naming the recipe."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from minispec.errors import MinispecError
+
+INSTALL = "see docs/conformance.md for installing it beside the pinned CPU torch"
+
+
+def need(package: str):
+    """The installed package (its top module), or one line saying it is missing and where the recipe is."""
+    if importlib.util.find_spec(package) is None:
+        raise MinispecError(f"{package}: not installed; {INSTALL}")
+    return importlib.import_module(package)
+
+
+def modules(package: str, names: dict[str, str]) -> dict:
+    """{key: module} for the package's modules, any import failure as one line (a module one of its
+    imports reaches may be missing from a --no-deps install)."""
+    need(package)
+    try:
+        return {key: importlib.import_module(name) for key, name in names.items()}
+    except ImportError as err:
+        raise MinispecError(f"{package}: cannot import it ({type(err).__name__}: {err}); {INSTALL}") from None
