@@ -14,6 +14,13 @@ yours) decides the same thing from the same tensors:
     StepOutput
       num_accepted in 0..gamma             the kept prefix d_1..d_num_accepted
       next_token   in 0..V-1               the correction, or the bonus after d_gamma
+      emitted                              an engine that proposes (below): the tokens it emitted
+
+An engine that proposes (`proposes=True`) draws its own drafts from the draft logits with its own
+randomness (the step's generator, or global state seeded from it), ignoring draft_tokens, and
+returns the tokens it emitted: its kept drafts and then one more, 1..gamma+1 of them. That is the
+whole step a user runs, so a stream shared between proposal and verification, or draft
+probabilities lost between them, shows in the output's law.
 
 An Engine wraps such a function with what it claims: the distribution each drafted position's
 output follows (`claims(p, q)`: p for a lossless rule, (1 - w) q + w p for the static ensemble,
@@ -62,6 +69,11 @@ class StepInput:
 class StepOutput:
     num_accepted: int
     next_token: int
+    emitted: tuple[int, ...] | None = None  # a proposing engine's tokens: its kept drafts, then next_token
+
+    def tokens(self, drafts: torch.Tensor) -> list[int]:
+        """The emitted tokens: the engine's own, or the kept prefix of `drafts` and next_token."""
+        return list(self.emitted) if self.emitted is not None else drafts[: self.num_accepted].tolist() + [self.next_token]
 
 
 def lossless(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -84,6 +96,7 @@ class Engine:
     greedy:      takes temperature 0 (emits the target's argmax tokens); False: n/a at T = 0
     samples:     samples at T > 0; False (a greedy-only rule): only the T = 0 invariants apply
     batch_step:  [StepInput] -> [StepOutput] for an engine that decides a batch in one call
+    proposes:    draws its own drafts; step returns the emitted tokens (module docstring)
     """
 
     name: str
@@ -95,6 +108,7 @@ class Engine:
     batch_step: Callable[[Sequence[StepInput]], Sequence[StepOutput | tuple[int, int]]] | None = None
     note: str = ""
     options: dict = field(default_factory=dict)
+    proposes: bool = False
 
     # Every call into the engine goes through these four: what it returns is checked by one rule
     # (minispec.checks.returned_index for ids and counts, `distribution` and `probability` below),
@@ -102,14 +116,15 @@ class Engine:
     # FAIL verdict naming it. Its inputs are copies: an engine that writes into them changes nothing.
 
     def __call__(self, inp: StepInput) -> StepOutput:
-        return as_output(plugin(lambda: self.step(inp), f"{self.name}: step"), inp.gamma, inp.target_logits.shape[1])
+        return as_output(plugin(lambda: self.step(inp), f"{self.name}: step"), inp.gamma, inp.target_logits.shape[1],
+                         self.proposes)
 
     def batch(self, inputs: Sequence[StepInput]) -> list[StepOutput]:
         outs = plugin(lambda: self.batch_step(list(inputs)), f"{self.name}: batch_step")
         if isinstance(outs, (str, bytes)) or not isinstance(outs, Sequence) or len(outs) != len(inputs):
             raise Broken(f"{self.name}: batch_step returned {describe(outs)} for {len(inputs)} inputs; expected "
                          f"a list of {len(inputs)} outputs, one per input")
-        return [as_output(o, i.gamma, i.target_logits.shape[1]) for o, i in zip(outs, inputs)]
+        return [as_output(o, i.gamma, i.target_logits.shape[1], self.proposes) for o, i in zip(outs, inputs)]
 
     def claim(self, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """claims(p, q), checked: a distribution over p's vocabulary, [V] float64."""
@@ -141,9 +156,20 @@ def describe(value) -> str:
     return f"{type(value).__name__}{shape}"
 
 
-def as_output(out, gamma: int, vocab: int) -> StepOutput:
+def as_output(out, gamma: int, vocab: int, proposes: bool = False) -> StepOutput:
     """A StepOutput from what an engine returned (a StepOutput, or a pair of ints or one-element integer
-    tensors), each field checked by minispec.checks.returned_index: no float truncated, no string parsed."""
+    tensors; a proposing engine: its 1..gamma+1 emitted tokens), each field checked by
+    minispec.checks.returned_index: no float truncated, no string parsed."""
+    if proposes:
+        if isinstance(out, torch.Tensor) and out.dim() == 1:
+            out = list(out)
+        if not isinstance(out, (tuple, list)) or not 1 <= len(out) <= gamma + 1:
+            raise Broken(f"step returned {describe(out)}; expected the 1..{gamma + 1} tokens it emitted")
+        try:
+            emitted = tuple(returned_index(t, f"emitted[{i}]", vocab) for i, t in enumerate(out))
+        except MinispecError as err:
+            raise Broken(f"step returned {err}") from None
+        return StepOutput(len(emitted) - 1, emitted[-1], emitted)
     if isinstance(out, StepOutput):
         num_accepted, next_token = out.num_accepted, out.next_token
     elif isinstance(out, (tuple, list)) and len(out) == 2:

@@ -108,15 +108,37 @@ def sampler_step(sampler, inp: StepInput, ensemble_weight: float | None = None,
     return StepOutput(int(n_matches), int(tokens[0, -1]))
 
 
+def proposing_step(sampler, inp: StepInput, reuse_stream: bool = False) -> list[int]:
+    """The whole step as transformers' assisted decoding runs it: the drafts drawn from the warped
+    draft logits (torch.multinomial on the global state, seeded from the step's generator), then the
+    sampler, which goes on drawing from the same stream. Returns the emitted tokens. reuse_stream:
+    the verifier restarts the stream where the proposal started (the coins repeat the proposal's)."""
+    gamma = inp.gamma
+    target, draft = warp(inp.target_logits, inp), warp(inp.draft_logits, inp)  # [gamma+1, V], [gamma, V]
+    seed = int(torch.randint(2**62, (1,), generator=inp.generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        drafts = torch.multinomial(draft.softmax(-1), 1)[:, 0]  # [gamma]
+        if reuse_stream:
+            torch.manual_seed(seed)
+        candidates = torch.cat([torch.zeros(1, dtype=torch.long), drafts])[None]  # [1, 1 + gamma]
+        tokens, n_matches = sampler(candidates, draft[None], gamma, target[None], None)
+    return drafts[: int(n_matches)].tolist() + [int(tokens[0, -1])]
+
+
 def transformers_engine(ensemble_weight: float | None = None, sampler=None, name: str | None = None,
-                        batch_step=None, **step_options) -> Engine:
+                        batch_step=None, proposes: bool = False, **step_options) -> Engine:
     """transformers' sampler (or a function with its signature: a patched copy) behind the contract;
-    its batch form decides row after row, each seeded from its own generator (or `batch_step`)."""
+    its batch form decides row after row, each seeded from its own generator (or `batch_step`).
+    proposes: the engine draws its own drafts first (proposing_step; step_options go to it)."""
     sampler = sampler or transformers_sampler()
     label = name or ("transformers" if ensemble_weight is None else f"transformers ensemble w={ensemble_weight}")
-    step = lambda inp: sampler_step(sampler, inp, ensemble_weight, **step_options)
+    if proposes:
+        step = lambda inp: proposing_step(sampler, inp, **step_options)  # noqa: E731
+    else:
+        step = lambda inp: sampler_step(sampler, inp, ensemble_weight, **step_options)  # noqa: E731
     claims = lossless if ensemble_weight is None else ensemble(ensemble_weight)
-    return Engine(label, step, claims=claims, accepts=overlap, greedy=False,
+    return Engine(label, step, claims=claims, accepts=overlap, greedy=False, proposes=proposes,
                   batch_step=batch_step or (lambda inputs: [step(i) for i in inputs]),
                   note="sampling only: transformers' greedy assisted decoding does not call it")
 

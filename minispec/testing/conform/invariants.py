@@ -8,11 +8,16 @@
                            temperature and filters applied to both sides alike
     judged_as_sampled      logits near 300 in float32: the draft is judged with the q it was
                            sampled from (an engine that rounds the logits, e.g. to bfloat16, does not)
+    filtered_slices        T = 1.5 with top-p 0.7, T = 2 with top-k 2 and top-p 0.8: the claim where
+                           the filters remove tokens from every row
     greedy                 T = 0: exactly the target's argmax tokens, every draft of a small
                            vocabulary enumerated, each its drafter's argmax (exact, no statistics)
     zero_probability       no emitted token has target probability 0 (a token the target masks)
     seeded                 the same inputs and generator seed give the same decision
     batch_independent      with a batch form: a row's decision is the one it gets alone
+
+A proposing engine (contract.py) draws its own drafts; the suite then reads its emitted tokens
+instead of extending the suite's drafts, and every check above applies unchanged.
 
 How a step is observed (the statistical ones). The target and draft rows are fixed whatever came
 before (a target whose next-token distribution ignores the context is still a target, and a
@@ -127,8 +132,7 @@ def observe(engine: Engine, setting: Setting, samples: int, seed: int) -> tuple[
         outputs += engine.batch(inputs) if engine.batch_step is not None else [call(engine, i) for i in inputs]
     for s, out in enumerate(outputs):
         seq = fills[s].clone()
-        seq[: out.num_accepted] = drafts[s, : out.num_accepted]
-        seq[out.num_accepted] = out.next_token
+        seq[: out.num_accepted + 1] = torch.tensor(out.tokens(drafts[s]))
         sequences[int((seq * weights).sum())] += 1
         lengths[out.num_accepted] += 1
     return sequences, lengths
@@ -234,6 +238,29 @@ def check_rounding(engine: Engine, budget: Budget) -> list[Verdict]:
                        "the claim on float32 logits near 300 (judged with the q sampled from)")
 
 
+SLICES = ((1.5, None, 0.7), (2.0, 2, 0.8))  # (temperature, top-k, top-p): filters that remove tokens here
+
+
+def check_slices(engine: Engine, budget: Budget) -> list[Verdict]:
+    """The claim at temperatures far from 1 with top-k and top-p that remove tokens from every row (at
+    top-p 0.95 few are removed, so a filter applied where it should not be, e.g. to the residual,
+    goes unseen there)."""
+    if not engine.samples or engine.claims is None:
+        return [Verdict("filtered_slices", "n/a", "greedy only" if not engine.samples else
+                        "states no output distribution")]
+    g = torch.Generator().manual_seed(budget.seed + 5)
+    evidence = []
+    for temperature, top_k, top_p in SLICES:
+        setting = Setting(logits(3, 5, g), logits(2, 5, g), temperature, top_k, top_p)
+        what = f"the claim at T = {temperature:g}, top-k {top_k}, top-p {top_p:g}"
+        verdict, = statistical("filtered_slices", engine, setting, budget, what)
+        if verdict.status == "FAIL":
+            verdict.evidence = f"{what}: {verdict.evidence}"
+            return [verdict]
+        evidence.append(f"{what}: {verdict.evidence}")
+    return [Verdict("filtered_slices", "pass", "; ".join(evidence))]
+
+
 def check_greedy(engine: Engine, budget: Budget) -> list[Verdict]:
     if not engine.greedy:
         return [Verdict("greedy", "n/a", "claims no greedy equivalence (" + (engine.note or "no T = 0 mode") + ")")]
@@ -247,16 +274,16 @@ def check_greedy(engine: Engine, budget: Budget) -> list[Verdict]:
         # a greedy drafter proposes its own argmax: q_draft is one-hot at each drafted token
         setting = Setting(target, noise + 10.0 * torch.nn.functional.one_hot(drafts, vocab), temperature=0.0)
         want_n = int((drafts == argmax[:gamma]).long().cumprod(0).sum())
-        want = StepOutput(want_n, int(argmax[want_n]))
+        want = argmax[: want_n + 1].tolist()  # the emitted tokens: the target's own argmax run
         for seed in (0, 1):
             try:
                 got = call(engine, setting.input(drafts, seed))
             except Broken as err:
                 return [Verdict("greedy", "FAIL", f"drafts {drafts.tolist()}: {err}")]
             checked += 1
-            if got != want:
+            if got.tokens(drafts) != want or got.num_accepted != want_n:
                 return [Verdict("greedy", "FAIL", f"drafts {drafts.tolist()}, target argmax {argmax.tolist()}: "
-                                f"expected {want}, got {got}")]
+                                f"expected {want_n} kept and the tokens {want}, got {got}")]
     return [Verdict("greedy", "pass", f"all {vocab}^{gamma} drafts x 2 seeds ({checked} steps) emit the argmax tokens")]
 
 
@@ -276,7 +303,7 @@ def check_zero_probability(engine: Engine, budget: Budget, samples: int = 500) -
             out = call(engine, setting.input(drafts[s], s))
         except Broken as err:
             return [Verdict("zero_probability", "FAIL", str(err))]
-        emitted = drafts[s, : out.num_accepted].tolist() + [out.next_token]
+        emitted = out.tokens(drafts[s])
         for i, token in enumerate(emitted):
             if float(ref.p_target[i, token]) == 0.0:
                 return [Verdict("zero_probability", "FAIL",
@@ -329,6 +356,7 @@ CHECKS = {  # each check and the invariants it judges, in the report's order
     check_claimed: ("claimed_distribution", "accepted_length"),
     check_processed: ("both_sides_processed",),
     check_rounding: ("judged_as_sampled",),
+    check_slices: ("filtered_slices",),
     check_greedy: ("greedy",),
     check_zero_probability: ("zero_probability",),
     check_seeded: ("seeded",),

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
-from minispec.testing.conform.public import modules, need
+from minispec.testing.conform.public import modules, version
 
 
 class LmdeployBatch:
@@ -79,6 +79,6 @@ class LmdeployBatch:
 def lmdeploy_engine() -> Engine:
     """lmdeploy's portable rejection sampler: lossless at T > 0, greedy at T = 0."""
     batch = LmdeployBatch()
-    return Engine(f"lmdeploy {need('lmdeploy').__version__}", lambda inp: batch([inp])[0], claims=lossless,
+    return Engine(f"lmdeploy {version('lmdeploy')}", lambda inp: batch([inp])[0], claims=lossless,
                   accepts=overlap, batch_step=batch,
                   note="DefaultRejectionSamplingImpl; target processing and bonus token by the adapter")

@@ -28,6 +28,7 @@ class Plant:
     new: str = ""  # ... by this
     step_options: dict = field(default_factory=dict)  # how the caller drives the sampler
     shared_stream: bool = False  # the batch form draws every row's coins from one stream
+    proposes: bool = False  # the engine draws its own drafts (step_options go to proposing_step)
 
 
 PLANTS = (
@@ -49,6 +50,9 @@ PLANTS = (
           "(the residual's textbook slip)", "zero_probability",
           "p_prime = torch.clamp((p_n_plus_1 - q_n_plus_1), min=0)",
           "p_prime = (p_n_plus_1 - q_n_plus_1).abs()"),
+    Plant("verifier-reuses-the-proposal-stream", "the verifier's coins drawn from where the draft's sampling "
+          "started: one stream shared between proposal and verification", "vLLM PR #54282", "claimed_distribution",
+          proposes=True, step_options={"reuse_stream": True}),
     Plant("accepts-past-a-rejection", "every accepted draft counted, not the prefix before the first rejection",
           "(the prefix rule's slip)", "claimed_distribution",
           "n_matches = ((~is_accepted).cumsum(dim=-1) < 1).sum()",
@@ -78,4 +82,4 @@ def planted_engine(plant: Plant) -> Engine:
                 torch.manual_seed(int(torch.randint(2**62, (1,), generator=inputs[0].generator)))
                 return [sampler_step(sampler, inp, seeded=False) for inp in inputs]
     return transformers_engine(sampler=sampler, name=f"transformers + {plant.name}", batch_step=batch_step,
-                               **plant.step_options)
+                               proposes=plant.proposes, **plant.step_options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 
 from minispec.errors import MinispecError
@@ -15,6 +16,12 @@ def need(package: str):
     if importlib.util.find_spec(package) is None:
         raise MinispecError(f"{package}: not installed; {INSTALL}")
     return importlib.import_module(package)
+
+
+def version(package: str) -> str:
+    """The installed distribution's version (not every package sets __version__)."""
+    need(package)
+    return importlib.metadata.version(package)
 
 
 def modules(package: str, names: dict[str, str]) -> dict:

@@ -42,7 +42,7 @@ import torch
 from minispec.errors import MinispecError
 from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
 from minispec.testing.conform.engines import matching
-from minispec.testing.conform.public import modules, need
+from minispec.testing.conform.public import modules, need, version
 
 
 def vllm_modules() -> dict:
@@ -113,7 +113,7 @@ def vllm_engine(draft_probs: bool = True) -> Engine:
     """vLLM's RejectionSampler: lossless at T > 0, greedy at T = 0; without draft probabilities it
     accepts sum_x q(x) p(x) (module docstring)."""
     batch = VllmBatch(draft_probs)
-    name = f"vllm {need('vllm').__version__}" + ("" if draft_probs else " no-probs")
+    name = f"vllm {version('vllm')}" + ("" if draft_probs else " no-probs")
     return Engine(name, lambda inp: batch([inp])[0], claims=lossless, accepts=overlap if draft_probs else matching,
                   batch_step=batch, note=f"RejectionSampler.forward {'with' if draft_probs else 'without'} draft "
                                          "probabilities; top-k/top-p through vLLM's non-Triton filter, its Triton "
