@@ -60,6 +60,29 @@ def test_transformers_sampler_and_its_ensemble_weight():
     assert mixed == {"claimed_distribution": "pass", "accepted_length": "pass", "zero_probability": "FAIL"}
 
 
+def test_the_whole_step_proposing_its_own_drafts_keeps_the_claim_and_a_shared_stream_does_not():
+    """Propose-and-verify: transformers' sampler behind an engine that draws its drafts first (the
+    verifier goes on along the stream) keeps p; restarting the verifier where the proposal started
+    (vLLM PR #54282) breaks it, and only the emitted tokens can show it."""
+    pytest.importorskip("transformers", reason="the engine under test is transformers' sampler (pip install -e .[test])")
+    from minispec.testing.conform import transformers_engine
+    from minispec.testing.conform.planted import PLANTS, planted_engine
+
+    only = ("claimed_distribution", "filtered_slices", "seeded", "zero_probability")
+    assert statuses(conform(transformers_engine(proposes=True), QUICK, only=only)) == dict.fromkeys(only, "pass")
+    shared = next(p for p in PLANTS if p.proposes)
+    assert statuses(conform(planted_engine(shared), QUICK, only=("claimed_distribution",))) == {
+        "claimed_distribution": "FAIL"}
+
+
+@pytest.mark.parametrize("emitted, needle", [([], "the 1..3 tokens it emitted"), ([0, 1, 2, 3], "the 1..3 tokens"),
+                                             ([0.0], "emitted[0]"), ([0, 9], "emitted[1]"), ("01", "the 1..3 tokens")])
+def test_a_proposing_engine_returning_outside_the_contract_fails_with_what_it_returned(emitted, needle):
+    broken = Engine("proposes badly", lambda inp: emitted, proposes=True)
+    verdict, = conform(broken, QUICK, only=("seeded",))
+    assert verdict.status == "FAIL" and needle in verdict.evidence, verdict.evidence
+
+
 def test_minispec_static_ensemble_keeps_its_own_claim():
     """The same claim as transformers' ensemble weight, on minispec's policy: (1 - w) q + w p."""
     got = statuses(conform(minispec_engine("ensemble", weight=0.3), QUICK,
