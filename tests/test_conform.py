@@ -127,6 +127,14 @@ def test_an_engine_that_breaks_the_contract_fails_with_what_it_returned():
     assert verdict.status == "FAIL" and "num_accepted = 3" in verdict.evidence
 
 
+def test_assert_conforms_passes_silently_or_names_each_failed_invariant_with_its_evidence():
+    from minispec.testing.conform import assert_conforms
+
+    assert {v.status for v in assert_conforms(minispec_engine("sampling"), QUICK, only=("seeded", "greedy"))} == {"pass"}
+    with pytest.raises(AssertionError, match=r"always zero breaks 1 invariant\(s\):\n  greedy: drafts \[0, 0, 0\]"):
+        assert_conforms(Engine("always zero", lambda inp: (0, 0), claims=None, accepts=None), QUICK, only=("greedy", "seeded"))
+
+
 def test_the_command_names_a_bad_engine_in_one_line(capsys):
     for argv, needle in ((["bogus"], "ENGINE 'bogus'"), (["minispec:nosuch"], "ENGINE 'minispec:nosuch'"),
                          (["minispec:dropmatch"], "re-runs the LM head"), (["transformers:w=2"], "0 < W < 1"),

@@ -388,3 +388,14 @@ def conform(engine: Engine, budget: Budget = Budget(), only: tuple[str, ...] = (
     finally:
         torch.set_num_threads(threads)
     return verdicts
+
+
+def assert_conforms(engine: Engine, budget: Budget = Budget(), only: tuple[str, ...] = ()) -> list[Verdict]:
+    """conform() for a test suite: raises AssertionError naming every failed invariant with its
+    evidence (the minimal case the check found); returns the verdicts when none failed."""
+    verdicts = conform(engine, budget, only)
+    failed = [v for v in verdicts if v.status == "FAIL"]
+    if failed:
+        raise AssertionError(f"{engine.name} breaks {len(failed)} invariant(s):\n"
+                             + "\n".join(f"  {v.invariant}: {v.evidence}" for v in failed))
+    return verdicts
