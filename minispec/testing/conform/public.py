@@ -11,11 +11,11 @@ from minispec.errors import MinispecError
 INSTALL = "see docs/conformance.md for installing it beside the pinned CPU torch"
 
 
-def need(package: str):
-    """The installed package (its top module), or one line saying it is missing and where the recipe is."""
+def need(package: str) -> None:
+    """One line saying the package is missing and where the recipe is; nothing is imported (an
+    adapter may have to set the environment before the package's first import)."""
     if importlib.util.find_spec(package) is None:
         raise MinispecError(f"{package}: not installed; {INSTALL}")
-    return importlib.import_module(package)
 
 
 def version(package: str) -> str:

@@ -58,9 +58,10 @@ def installed_engines() -> list[Engine]:
 def engine_named(spec: str) -> list[Engine]:
     """The engines a command-line name stands for; MinispecError naming ENGINE if none."""
     if spec == "all":
+        public = installed_engines()  # first: vLLM must be imported before transformers brings in Triton
         return [transformers_engine(), transformers_engine(0.5),
                 transformers_engine(proposes=True, name="transformers proposing"), sample_then_match_engine()] + [
-            minispec_engine(name) for name in acceptance.available() if name not in NEEDS_THE_HEAD] + installed_engines()
+            minispec_engine(name) for name in acceptance.available() if name not in NEEDS_THE_HEAD] + public
     if spec in PUBLIC_ENGINES:
         return [PUBLIC_ENGINES[spec][1]()]
     if spec == "sample-then-match":

@@ -25,7 +25,9 @@ Running it on a CPU (vLLM's wheels are CUDA builds; the sampler is Triton):
   its imports reach);
 - TRITON_INTERPRET=1 runs its Triton kernels on CPU tensors, and an empty CUDA_VISIBLE_DEVICES
   keeps vllm.triton_utils on Triton rather than its placeholder; this module sets both (unless
-  already set) before the first import of vLLM;
+  already set) before the first import of vLLM. Triton takes the setting when it is first
+  imported: where something imported it before (transformers does), the engine is one line
+  asking for TRITON_INTERPRET=1 in the environment;
 - the top-k / top-p filter: vLLM's Triton filter asks the platform for its number of compute
   units, which an unknown platform does not answer; the filter is routed to vLLM's own non-Triton
   filter (apply_top_k_top_p_pytorch, what vLLM runs where Triton is absent) by clearing the
@@ -35,6 +37,7 @@ Running it on a CPU (vLLM's wheels are CUDA builds; the sampler is Triton):
 from __future__ import annotations
 
 import os
+import sys
 from typing import Sequence
 
 import torch
@@ -48,7 +51,11 @@ from minispec.testing.conform.public import modules, need, version
 def vllm_modules() -> dict:
     """vLLM's modules the adapter calls, imported for a CPU (module docstring); one line if missing."""
     need("vllm")
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before vLLM imports Triton
+    early = [m for m in ("triton", "vllm") if m in sys.modules]
+    if early and os.environ.get("TRITON_INTERPRET") != "1":  # Triton reads it when it is first imported
+        raise MinispecError(f"vllm: {early[0]} was imported before TRITON_INTERPRET=1 was set, so vLLM's Triton "
+                            "kernels cannot run on the CPU; set TRITON_INTERPRET=1 in the environment")
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before vLLM's first import: its kernels are made then
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     found = modules("vllm", {"rejection": "vllm.v1.sample.rejection_sampler", "sampler": "vllm.v1.sample.sampler",
              "metadata": "vllm.v1.sample.metadata", "spec": "vllm.v1.spec_decode.metadata",
