@@ -71,6 +71,10 @@ class StepOutput:
     next_token: int
     emitted: tuple[int, ...] | None = None  # a proposing engine's tokens: its kept drafts, then next_token
 
+    def __repr__(self) -> str:
+        emitted = "" if self.emitted is None else f", emitted={self.emitted}"
+        return f"StepOutput(num_accepted={self.num_accepted}, next_token={self.next_token}{emitted})"
+
     def tokens(self, drafts: torch.Tensor) -> list[int]:
         """The emitted tokens: the engine's own, or the kept prefix of `drafts` and next_token."""
         return list(self.emitted) if self.emitted is not None else drafts[: self.num_accepted].tolist() + [self.next_token]
