@@ -18,10 +18,13 @@ def need(package: str) -> None:
         raise MinispecError(f"{package}: not installed; {INSTALL}")
 
 
-def version(package: str) -> str:
-    """The installed distribution's version (not every package sets __version__)."""
-    need(package)
-    return importlib.metadata.version(package)
+def version(distribution: str) -> str:
+    """The installed distribution's version (not every package sets __version__; a distribution's
+    name may differ from its module's: medusa-llm installs medusa)."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise MinispecError(f"{distribution}: not installed; {INSTALL}") from None
 
 
 def modules(package: str, names: dict[str, str]) -> dict:
