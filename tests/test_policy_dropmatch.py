@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 
 from minispec.acceptance import (DropMatch, ExactMatch, LazyDropMatch, PolicyInputError, SpeculativeSampling,
                                  VerifyInput)
-from minispec.acceptance.dropmatch.rule import js_divergence, vote_acceptances
+from minispec.acceptance.dropmatch.rule import js_divergence, mask_seed, vote_acceptances
 from minispec.acceptance.dropmatch.lazy import LN2, draft_votes, js_acceptance
 from minispec.acceptance.sampling import sample_acceptances
 from minispec.chain.drafters import NgramDrafter
 from minispec.errors import MinispecError
-from minispec.model.sampling import SamplingParams, logits_to_probs
+from minispec.model.sampling import SamplingParams, greedy_token, logits_to_probs
 from minispec.testing import check_policy, decided, verify_input
 
 F64 = torch.float64
@@ -418,6 +418,26 @@ def assert_lazy_decides_as_eager(run):
         got = lazy(loop_input(step, head, params))
         assert head.new_rows == 0, "LazyDropMatch scored a row DropMatch did not: not the same masks"
         assert outcome(got) == outcome(want)
+
+
+@pytest.mark.parametrize("paths", [2, 4])
+def test_lazy_dropmatch_strict_majority_at_exactly_half_the_paths(paths):
+    """The vote's boundary, enumerated rather than drawn: integer heads and hidden states at p = 1/2
+    make a draft with exactly K/2 votes common; strict majority rejects it in both classes. The
+    vote alone decides (criterion majority, no base), so nothing else can accept such a position."""
+    ties = 0
+    for seed in range(200):
+        g = torch.Generator().manual_seed(seed)
+        weight = torch.randint(-2, 3, (4, 3), generator=g).to(F64)  # [V, d]
+        step = Step(torch.randint(-2, 3, (4, 3), generator=g).to(F64), torch.randint(0, 4, (3,), generator=g), None, 1)
+        options = dict(p=0.5, paths=paths, criterion="majority", majority="strict", or_base=False, seed=seed)
+        assert_lazy_decides_as_eager((options, [step], weight, GREEDY))
+        # the votes as documented (masks from mask_seed(seed), inverted dropout, lowest id on ties)
+        masks = (torch.rand((paths, 4, 3), generator=torch.Generator().manual_seed(mask_seed(seed))) < 0.5).to(F64)
+        path_tokens = greedy_token((step.hidden * masks / 0.5) @ weight.T)  # [K, gamma+1]
+        votes = (path_tokens[:, :3] == step.draft_tokens).sum(0)  # [gamma]
+        ties += int((2 * votes == paths).sum())
+    assert ties >= 20, f"only {ties} positions with exactly K/2 votes: the boundary was not reached"
 
 
 @given(run=dropmatch_runs())
