@@ -31,6 +31,7 @@ form (`accepts(c, q)`: sum_x min(c(x), q(x)) for speculative sampling). The inva
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -78,6 +79,17 @@ class StepOutput:
     def tokens(self, drafts: torch.Tensor) -> list[int]:
         """The emitted tokens: the engine's own, or the kept prefix of `drafts` and next_token."""
         return list(self.emitted) if self.emitted is not None else drafts[: self.num_accepted].tolist() + [self.next_token]
+
+
+@contextmanager
+def global_state_from(generator: torch.Generator):
+    """For an engine that draws from torch's global random state: that state seeded from the step's
+    generator (one draw of it), restored afterwards, so the generator stays the step's only source of
+    randomness. Yields the seed (an engine that reseeds mid-step, as a planted bug does, needs it)."""
+    seed = int(torch.randint(2**62, (1,), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield seed
 
 
 def lossless(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 from minispec import acceptance
 from minispec.acceptance.base import VerifyInput
 from minispec.cli import extra
-from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
+from minispec.testing.conform.contract import Engine, StepInput, StepOutput, global_state_from, lossless, overlap
 
 # How each registered policy stands against the contract: its claimed distribution and closed-form
 # acceptance, as in its docstring; None where the rule states none.
@@ -102,8 +102,7 @@ def sampler_step(sampler, inp: StepInput, ensemble_weight: float | None = None,
     if not seeded:
         tokens, n_matches = sampler(candidates, draft[None], gamma, target[None], ensemble_weight)
         return StepOutput(int(n_matches), int(tokens[0, -1]))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(torch.randint(2**62, (1,), generator=inp.generator)))
+    with global_state_from(inp.generator):
         tokens, n_matches = sampler(candidates, draft[None], gamma, target[None], ensemble_weight)
     return StepOutput(int(n_matches), int(tokens[0, -1]))
 
@@ -115,9 +114,7 @@ def proposing_step(sampler, inp: StepInput, reuse_stream: bool = False) -> list[
     the verifier restarts the stream where the proposal started (the coins repeat the proposal's)."""
     gamma = inp.gamma
     target, draft = warp(inp.target_logits, inp), warp(inp.draft_logits, inp)  # [gamma+1, V], [gamma, V]
-    seed = int(torch.randint(2**62, (1,), generator=inp.generator))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with global_state_from(inp.generator) as seed:
         drafts = torch.multinomial(draft.softmax(-1), 1)[:, 0]  # [gamma]
         if reuse_stream:
             torch.manual_seed(seed)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from minispec.testing.conform.contract import Engine, StepInput, lossless, overlap
+from minispec.testing.conform.contract import Engine, StepInput, global_state_from, lossless, overlap
 from minispec.testing.conform.public import modules, version
 
 
@@ -47,8 +47,7 @@ def litgpt_engine() -> Engine:
 
     def step(inp: StepInput) -> list[int]:
         options = dict(temperature=inp.temperature, top_k=inp.top_k, top_p=1.0 if inp.top_p is None else inp.top_p)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(torch.randint(2**62, (1,), generator=inp.generator)))
+        with global_state_from(inp.generator):
             tokens = speculative_decoding(StandIn(inp.draft_logits.float(), True), StandIn(inp.target_logits.float(), False),
                                           torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 1,
                                           inp.gamma, **options)

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
+from minispec.testing.conform.contract import Engine, StepInput, StepOutput, global_state_from, lossless, overlap
 from minispec.testing.conform.public import modules, version
 
 
@@ -42,8 +42,7 @@ class LmdeployBatch:
         if len(gammas) != 1 or 0 in gammas:
             raise ValueError(f"lmdeploy: a batch verifies one draft length >= 1; got {sorted(gammas)}")
         greedy = torch.tensor([inp.temperature == 0 for inp in inputs])  # [rows]
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(torch.randint(2**62, (1,), generator=inputs[0].generator)))
+        with global_state_from(inputs[0].generator):  # one stream for the call, as lmdeploy's engine has
             if bool(greedy.all()):
                 target_ids = torch.stack([inp.target_logits.argmax(-1) for inp in inputs])  # [rows, gamma+1]
                 tokens, _, _ = self.impl.forward_greedy(target_ids, torch.stack([inp.draft_tokens for inp in inputs]))

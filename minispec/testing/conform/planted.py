@@ -12,9 +12,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 
-import torch
-
-from minispec.testing.conform.contract import Engine, StepInput, StepOutput
+from minispec.testing.conform.contract import Engine, StepInput, StepOutput, global_state_from
 from minispec.testing.conform.engines import sampler_step, transformers_engine, transformers_sampler
 
 
@@ -78,8 +76,7 @@ def planted_engine(plant: Plant) -> Engine:
     batch_step = None
     if plant.shared_stream:
         def batch_step(inputs: list[StepInput]) -> list[StepOutput]:
-            with torch.random.fork_rng(devices=[]):  # one seed, from the first row's generator, for all
-                torch.manual_seed(int(torch.randint(2**62, (1,), generator=inputs[0].generator)))
+            with global_state_from(inputs[0].generator):  # one seed, from the first row's generator, for all
                 return [sampler_step(sampler, inp, seeded=False) for inp in inputs]
     return transformers_engine(sampler=sampler, name=f"transformers + {plant.name}", batch_step=batch_step,
                                proposes=plant.proposes, **plant.step_options)
