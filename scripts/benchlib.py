@@ -420,10 +420,10 @@ FORMATS = {  # a weight format: name -> (the dtype loaded, the minispec.kernels 
     "fast-float32": (torch.float32, "fast"), "fast-bfloat16": (torch.bfloat16, "fast"),
     "fp16": (torch.float32, "fp16"), "int8-dynamic": (torch.float32, "int8-dynamic"),
     "int8": (torch.bfloat16, "int8"), "reference-bfloat16": (torch.bfloat16, "reference"),
-    "reference-float32": (torch.float32, "reference"),
+    "reference-float32": (torch.float32, "reference"), "nf4": (torch.float32, "nf4"),
 }
 BYTES_PER_WEIGHT = {"fast-float32": 4, "fast-bfloat16": 2, "fp16": 2, "int8-dynamic": 1, "int8": 1,
-                    "reference-bfloat16": 2, "reference-float32": 4}
+                    "reference-bfloat16": 2, "reference-float32": 4, "nf4": 17 / 32}  # nf4: 4 bits + a bf16 per 64
 
 
 def load_format(prog: str, folder: Path, name: str):

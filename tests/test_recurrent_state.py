@@ -47,3 +47,17 @@ def test_a_pass_in_pieces_equals_one_pass_and_rollback_reaches_the_last_pass_onl
         state.truncate(1)
     with pytest.raises(MinispecError, match="max_len 10"):
         model([0] * 7, state)
+
+
+@pytest.mark.parametrize("factory, args, message", [
+    (None, {}, r"cache_factory = None is not callable"),
+    (lambda dim, max_len: 1 / 0, {}, r"cache_factory <lambda>\(2, 40\) raised ZeroDivisionError: division by zero"),
+    (lambda dim, max_len: None, {}, r"returned a NoneType without start, record, truncate, length"),
+    (lambda: CheckpointedState(1, 1), {}, r"raised TypeError"),
+    (CheckpointedState, {"max_len": 4}, r"max_len = 4; expected an integer >= 5"),
+    (CheckpointedState, {"max_len": True}, r"max_len = True"),
+    (CheckpointedState, {"max_examples": 0}, r"max_examples = 0; expected None or an integer >= 1"),
+])
+def test_arguments_it_cannot_run_are_one_line(factory, args, message):
+    with pytest.raises(MinispecError, match=r"^check_recurrent_state: " + ".*" + message):
+        check_recurrent_state(factory, **args)

@@ -16,6 +16,9 @@ Kinds (KINDS):
   int8-dynamic  kernels/fbgemm.py: int8 weights and per-call int8 activations through fbgemm
              (a quarter of float32's bytes). Lossy: the cheapest draft, a target only with its
              quality measured (docs/benchmarks.md).
+  nf4        kernels/nf4.py: 4-bit NormalFloat weights (4.25 bits a weight) through the kernel
+             bitsandbytes ships (the nf4 extra; AVX512-BF16 CPUs). Lossy; each row on its own, so
+             a speculative nf4 target reproduces its own plain greedy output.
 
 The rewrite swaps modules (blocks, final norm, LM head, embedding) and turns the object into a
 subclass of model.Transformer that overrides only what differs; model.py itself holds no kernel
@@ -31,13 +34,13 @@ from pathlib import Path
 import torch
 
 from minispec.errors import MinispecError
-from minispec.kernels import compiled, fbgemm, int8, measure, packed, probe_cache
+from minispec.kernels import compiled, fbgemm, int8, measure, nf4, packed, probe_cache
 from minispec.model.transformer import Transformer
 
-KINDS = ("reference", "fast", "compiled", "int8", "fp16", "int8-dynamic")
+KINDS = ("reference", "fast", "compiled", "int8", "fp16", "int8-dynamic", "nf4")
 
 _APPLY = {"fast": packed.apply, "compiled": compiled.apply, "int8": int8.apply, "fp16": fbgemm.apply_fp16,
-          "int8-dynamic": fbgemm.apply_int8_dynamic}
+          "int8-dynamic": fbgemm.apply_int8_dynamic, "nf4": nf4.apply}
 
 
 def kind_of(model: Transformer) -> str:

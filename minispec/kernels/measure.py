@@ -24,6 +24,8 @@ import torch
 
 from minispec.kernels.fbgemm import DynamicInt8Linear, Fp16Linear
 from minispec.kernels.fbgemm import available as fbgemm_available
+from minispec.kernels.nf4 import Nf4Linear
+from minispec.kernels.nf4 import available as nf4_available
 from minispec.kernels.packed import PackedLinear, packs
 
 
@@ -52,8 +54,9 @@ def timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
 def bandwidth(mib: int = 256, reps: int = 12) -> dict:
     """GB/s of a one-row matrix-vector product streaming `mib` MiB of weights (far more than the
     caches hold), through every kernel this CPU runs: F.linear in float32 and bfloat16, oneDNN's
-    packed kernel for each dtype it packs here, and fbgemm's float16 and int8 weights where torch
-    has them (some CPUs stream these faster than any float32 or bfloat16 kernel). bandwidth_gbps is
+    packed kernel for each dtype it packs here, fbgemm's float16 and int8 weights where torch has
+    them, and the nf4 kind's 4-bit weights where it runs (some CPUs stream these faster than any
+    float32 or bfloat16 kernel: the bound must read at least what the fastest kernel reads). bandwidth_gbps is
     the fastest: the rate weights can be read at. A kernel the CPU lacks is left out, never an error."""
     result = {}
     x = torch.randn(1, 4096)  # [1, in]
@@ -76,6 +79,14 @@ def bandwidth(mib: int = 256, reps: int = 12) -> dict:
                 packed = layer(torch.randn(rows, 4096) / 64, None)  # [out, in], packed in its own format
                 result[f"{name}_gbps"] = rows * 4096 * itemsize / timed(lambda: packed(x), reps) / 1e9
                 del packed
+        if nf4_available():  # 4.25 bits a weight: 4, and a bfloat16 maximum per 64 weights
+            rows = mib * 2**20 * 32 // (4096 * 17) // 32 * 32
+            packed = Nf4Linear(torch.randn(32, 4096), None)  # then random codes of the full size: the
+            packed.out_features = rows  # kernel's speed does not depend on them, and quantizing
+            packed.packed = torch.randint(0, 256, (rows, 2048), dtype=torch.uint8)  # rows this many costs GBs
+            packed.maxima = torch.rand(4096 // 64, rows).to(torch.bfloat16)
+            result["nf4_gbps"] = rows * 4096 * 17 / 32 / timed(lambda: packed(x), reps) / 1e9
+            del packed
     result["bandwidth_gbps"] = max(result.values())
     return result
 
@@ -103,7 +114,7 @@ def one_pass(model, cache, k: int, rollback: Callable[[], None], batch_size: int
     return run
 
 
-LINEARS = {"fast": PackedLinear, "fp16": Fp16Linear, "int8-dynamic": DynamicInt8Linear}  # kind -> its linear layer
+LINEARS = {"fast": PackedLinear, "fp16": Fp16Linear, "int8-dynamic": DynamicInt8Linear, "nf4": Nf4Linear}  # kind -> its linear layer
 
 
 @functools.cache

@@ -140,7 +140,32 @@ def make_state_machine(cache_factory=CheckpointedState, max_len: int = 40,
 def check_recurrent_state(cache_factory=CheckpointedState, *, max_len: int = 40, zero_draft_steps: bool = True,
                           max_examples: int | None = None) -> None:
     """Run the state machine on `cache_factory`; raises AssertionError with the shortest failing
-    sequence of steps hypothesis finds."""
+    sequence of steps hypothesis finds, and MinispecError (one line) for arguments it cannot run:
+    a factory that is not callable, raises, or builds an object without start / record /
+    truncate / length; a max_len below 5 (one verify pass) or a max_examples below 1."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 5:
+        raise MinispecError(f"check_recurrent_state: max_len = {max_len!r}; expected an integer >= 5")
+    if max_examples is not None and (isinstance(max_examples, bool) or not isinstance(max_examples, int)
+                                     or max_examples < 1):
+        raise MinispecError(f"check_recurrent_state: max_examples = {max_examples!r}; expected None or an integer >= 1")
+    check_factory(cache_factory, max_len)
     machine = make_state_machine(cache_factory, max_len, zero_draft_steps)
     options = {} if max_examples is None else {"max_examples": max_examples}
     run_state_machine_as_test(machine, settings=settings(settings.default, stateful_step_count=12, **options))
+
+
+def check_factory(cache_factory, max_len: int) -> None:
+    """One line (MinispecError) unless cache_factory(dim, max_len) builds an object with the interface."""
+    name = getattr(cache_factory, "__name__", type(cache_factory).__name__)
+    if not callable(cache_factory):
+        raise MinispecError(f"check_recurrent_state: cache_factory = {cache_factory!r} is not callable; expected "
+                            "a function (dim, max_len) -> a state with start, record, truncate and length")
+    try:
+        cache = cache_factory(2, max_len)
+    except Exception as error:  # user code: whatever it raises becomes the one line
+        raise MinispecError(f"check_recurrent_state: cache_factory {name}(2, {max_len}) raised "
+                            f"{type(error).__name__}: {error}; expected a state") from None
+    missing = [attr for attr in ("start", "record", "truncate", "length") if not hasattr(cache, attr)]
+    if missing:
+        raise MinispecError(f"check_recurrent_state: cache_factory {name}(2, {max_len}) returned a "
+                            f"{type(cache).__name__} without {', '.join(missing)}; expected CheckpointedState's interface")

@@ -1,0 +1,152 @@
+"""kernels/nf4.py: the nf4 kind. A lossy rewrite, so the checks are its definition (the levels, the
+nearest-level rounding, the kernel's layout, each against an oracle that does not share the code:
+the library's own dequantization, a brute-force argmin, a float64 matmul), the rows property
+its docstring claims (a verify pass = one-row steps, bit for bit, so speculative greedy = plain
+greedy) and the one-line refusals."""
+
+import ctypes
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from minispec import kernels
+from minispec.decode import generate
+from minispec.errors import MinispecError
+from minispec.kernels import nf4
+from minispec.testing import random_model, seeds, tiny_config
+
+runs_here = pytest.mark.skipif(not nf4.available(), reason="no bitsandbytes, or a CPU without AVX512-BF16")
+# every fused and single projection a multiple of the kernel's 32-row tiles and 64-weight blocks
+CONFIG = tiny_config(vocab_size=64, hidden_size=64, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=16)
+
+
+def library_dequantize(indices: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    """The library's own NF4 dequantization (its standard layout: two indices a byte, the first in the
+    high nibble; one float32 maximum per 64 consecutive weights): an oracle independent of `nf4.LEVELS`."""
+    flat = indices.reshape(-1)
+    packed = (flat[0::2] << 4 | flat[1::2]).contiguous()
+    maxima = maxima.reshape(-1).float().contiguous()
+    out = torch.empty(flat.numel())
+    nf4.library().cdequantize_blockwise_cpu_nf4_fp32(
+        ctypes.c_void_p(packed.data_ptr()), ctypes.c_void_p(maxima.data_ptr()), ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_longlong(nf4.BLOCK), ctypes.c_longlong(indices.shape[0]), ctypes.c_longlong(indices.shape[1]))
+    return out.reshape(indices.shape)
+
+
+@runs_here
+def test_the_levels_are_the_librarys():
+    """LEVELS, computed from the normal quantiles, equal the table the kernel multiplies by, to one
+    float32 rounding (the library stores its table in float32 decimals)."""
+    indices = torch.arange(16, dtype=torch.uint8).repeat(4).reshape(1, 64)
+    theirs = library_dequantize(indices, torch.ones(1, 1))[0, :16]
+    torch.testing.assert_close(nf4.LEVELS, theirs, rtol=0, atol=2 ** -23)
+    assert nf4.LEVELS[0] == -1 and nf4.LEVELS[7] == 0 and nf4.LEVELS[15] == 1
+    assert torch.all(nf4.LEVELS[1:] > nf4.LEVELS[:-1])
+
+
+@settings(deadline=None, max_examples=30)
+@given(seed=seeds, rows=st.integers(1, 4), blocks=st.integers(1, 3), scale=st.floats(1e-3, 1e3))
+def test_quantize_picks_the_nearest_level_of_each_blocks_maximum(seed, rows, blocks, scale):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(rows, blocks * nf4.BLOCK, generator=generator) * scale
+    weight[0, :nf4.BLOCK] = 0  # a block of zeros: maximum 0, every weight 0
+    indices, maxima = nf4.quantize(weight)
+    assert indices.dtype == torch.uint8 and indices.shape == weight.shape and maxima.shape == (rows, blocks)
+    blockwise = weight.reshape(rows, blocks, nf4.BLOCK)
+    assert torch.equal(maxima, blockwise.abs().amax(-1))
+    scaled = (blockwise / maxima.clamp(min=1e-30)[..., None]).reshape(rows, -1).double()  # [rows, in]
+    distance = (scaled[..., None] - nf4.LEVELS.double()).abs()  # [rows, in, 16]
+    chosen = distance.gather(-1, indices.long()[..., None])[..., 0]
+    assert torch.all(chosen <= distance.min(-1).values + 1e-6)  # nearest, up to a float32 tie at a midpoint
+    assert torch.all(nf4.dequantize(indices, maxima)[0, :nf4.BLOCK] == 0)
+
+
+@runs_here
+@settings(deadline=None, max_examples=20)
+@given(seed=seeds, tiles=st.integers(1, 3), blocks=st.integers(1, 3))
+def test_the_layer_multiplies_by_the_dequantized_weight(seed, tiles, blocks):
+    """Nf4Linear's weight is quantize's through the kernel's layout and back, with the kernel's
+    bfloat16 levels (quantize's own dequantization checked against the library's), and
+    y = bf16(x) @ W^T + b up to the kernel's float32 sums and its bfloat16 result (half a unit in
+    the last place, <= 2^-8 |y|): |error| <= 2^-8 |y| + 2^-16 sum |x||W|."""
+    generator = torch.Generator().manual_seed(seed)
+    out_features, in_features = tiles * nf4.TILE, blocks * nf4.BLOCK
+    weight = torch.randn(out_features, in_features, generator=generator)
+    bias = torch.randn(out_features, generator=generator)
+    layer = nf4.Nf4Linear(weight, bias)
+    indices, maxima = nf4.quantize(weight)
+    rounded = maxima.to(torch.bfloat16).float()  # the kernel takes the maxima in bfloat16
+    assert torch.equal(layer.weight(), nf4.dequantize(indices, rounded, nf4.KERNEL_LEVELS))
+    # to a few float32 roundings: the two tables differ by one rounding, the products by their own
+    torch.testing.assert_close(nf4.dequantize(indices, rounded), library_dequantize(indices, rounded),
+                               rtol=2 ** -20, atol=0)
+    x = torch.randn(5, in_features, generator=generator)
+    xb = x.to(torch.bfloat16).double()
+    want = xb @ layer.weight().double().T  # [5, out]
+    bound = 2 ** -8 * want.abs() + 2 ** -16 * (xb.abs() @ layer.weight().double().abs().T)
+    got = layer(x) - bias
+    assert got.dtype == torch.float32 and torch.all((got.double() - want).abs() <= bound + 1e-6)
+
+
+@runs_here
+@settings(deadline=None, max_examples=10)
+@given(seed=seeds, rows=st.integers(2, 9))
+def test_each_row_is_what_a_one_row_step_gives_it(seed, rows):
+    """The kernel computes each row of x on its own: k rows at once = k one-row calls, bit for bit."""
+    generator = torch.Generator().manual_seed(seed)
+    layer = nf4.Nf4Linear(torch.randn(64, 128, generator=generator), None)
+    x = torch.randn(rows, 128, generator=generator) * torch.logspace(-2, 2, rows)[:, None]
+    assert torch.equal(layer(x), torch.cat([layer(x[i:i + 1]) for i in range(rows)]))
+
+
+@runs_here
+@settings(deadline=None, max_examples=10)
+@given(seed=seeds, gamma=st.integers(1, 5))
+def test_a_speculative_nf4_target_gives_its_own_plain_greedy_output(seed, gamma):
+    target = kernels.apply(random_model(CONFIG, seed, dtype=torch.float32, scale=3.0), "nf4")
+    draft = random_model(CONFIG, seed + 1, dtype=torch.float32)
+    prompt = [3, 1, 4, 1, 5]
+    plain = generate(target, prompt, max_new_tokens=16, eos_token_ids=[])
+    speculative = generate(target, prompt, max_new_tokens=16, eos_token_ids=[], draft=draft, gamma=gamma)
+    assert speculative.tokens == plain.tokens
+
+
+@runs_here
+def test_the_kind_is_the_model_with_each_weight_replaced_by_its_nf4_weight():
+    """Blocks run along a row, so quantizing a fused projection = quantizing its parts: the nf4 model
+    is the reference model whose every linear weight is nf4's (kernel levels, bfloat16 maxima),
+    up to the bfloat16 rounding of each matmul's input and output (2^-9 relative each, seven
+    matmuls a layer, two layers: 2% of the logits' scale), and much further from the original."""
+    model = random_model(CONFIG, 0, dtype=torch.float32)
+    nf4_weights = random_model(CONFIG, 0, dtype=torch.float32)
+    with torch.no_grad():
+        for module in nf4_weights.modules():
+            if isinstance(module, torch.nn.Linear):
+                indices, maxima = nf4.quantize(module.weight)
+                module.weight.copy_(nf4.dequantize(indices, maxima.to(torch.bfloat16).float(), nf4.KERNEL_LEVELS))
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.inference_mode():
+        original, want = model(ids), nf4_weights(ids)  # [1, 5, V]
+        assert kernels.apply(model, "nf4") is model and kernels.kind_of(model) == "nf4"
+        got = model(ids)
+    scale = want.abs().max()
+    assert (got - want).abs().max() < 0.02 * scale < (original - want).abs().max()
+
+
+def test_sizes_the_kernel_cannot_take_are_one_line_before_any_change(monkeypatch):
+    monkeypatch.setattr(nf4, "available", lambda: True)  # the size check must not depend on this CPU
+    model = random_model(tiny_config(), 0, dtype=torch.float32)  # hidden 16: not a multiple of 64
+    layers = list(model.layers)
+    with pytest.raises(MinispecError, match=r"^kind='nf4': the fused q/k/v projection is \[64, 16\] \(\[out, in\]\); "
+                                            r"expected out a multiple of 32 and in a multiple of 64"):
+        kernels.apply(model, "nf4")
+    assert kernels.kind_of(model) == "reference" and list(model.layers) == layers
+    with pytest.raises(MinispecError, match=r"^kind='nf4': a linear layer is \[33, 64\]"):
+        nf4.Nf4Linear(torch.ones(33, 64), None)
+
+
+def test_a_cpu_or_install_without_the_kernel_is_one_line(monkeypatch):
+    monkeypatch.setattr(nf4, "available", lambda: False)
+    with pytest.raises(MinispecError, match=r"^kind='nf4': needs bitsandbytes \(pip install 'minispec\[nf4\]'\)"):
+        kernels.apply(random_model(CONFIG, 0, dtype=torch.float32), "nf4")
