@@ -77,6 +77,7 @@ def test_json_holds_one_result_per_prompt_and_the_pooled_stats(tiny, prompt_file
     assert stats["num_generated_tokens"] == sum(len(r["tokens"]) for r in result["results"])
     assert stats["policy"] == "dropmatch" and stats["gamma"] == 5 and stats["dropout_p"] == 0.1
     assert 1 <= stats["mean_rows_per_pass"] <= 2 and stats["tau"] >= 1
+    assert stats["kernels"] == "reference" and stats["dtype"] == "torch.float64"  # the path that ran, named
 
 
 @pytest.mark.parametrize("draft", [[], ["--draft", "ngram", "--policy", "sampling"]], ids=["plain", "ngram"])

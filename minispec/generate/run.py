@@ -105,7 +105,7 @@ def run_one(args: GenerateArgs, progress: Progress, model, tokenizer, drafter, c
         print(text)
     if args.policy in DROPMATCH_POLICIES:  # p as it ran (calibrated for p=auto)
         result.stats["dropout_p"] = policy.p
-    result.stats.update(ran, dtype=str(model.weights_dtype if hasattr(model, "weights_dtype") else model.dtype))
+    result.stats.update(ran)
     if hasattr(options.get("draft_length"), "costs"):  # auto: the prices it chose by
         result.stats["draft_costs"] = options["draft_length"].costs
     if args.vs_plain:  # the same prompt and settings without the draft, timed the same way, after it
@@ -187,7 +187,8 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:
         if not args.json:
             print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
         kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
-    ran = {"kernels": kernels.kind_of(model)}
+    ran = {"kernels": kernels.kind_of(model),
+           "dtype": str(model.weights_dtype if hasattr(model, "weights_dtype") else model.dtype)}
     if draft_model is not None and draft_model is not model:
         ran["draft_kernels"] = kernels.kind_of(draft_model)
     return ran
