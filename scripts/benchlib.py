@@ -421,24 +421,30 @@ FORMATS = {  # a weight format: name -> (the dtype loaded, the minispec.kernels 
     "fp16": (torch.float32, "fp16"), "int8-dynamic": (torch.float32, "int8-dynamic"),
     "int8": (torch.bfloat16, "int8"), "reference-bfloat16": (torch.bfloat16, "reference"),
     "reference-float32": (torch.float32, "reference"), "nf4": (torch.float32, "nf4"),
+    "nf4-compiled": (torch.float32, "nf4-compiled"),
 }
 BYTES_PER_WEIGHT = {"fast-float32": 4, "fast-bfloat16": 2, "fp16": 2, "int8-dynamic": 1, "int8": 1,
-                    "reference-bfloat16": 2, "reference-float32": 4, "nf4": 17 / 32}  # nf4: 4 bits + a bf16 per 64
+                    "reference-bfloat16": 2, "reference-float32": 4, "nf4": 17 / 32,  # nf4: 4 bits + a bf16 per 64
+                    "nf4-compiled": 17 / 32}
 
 
 def load_format(prog: str, folder: Path, name: str):
     """The model at `folder` in weight format `name` (FORMATS), or None, said in one line, where this
-    CPU cannot run it."""
+    CPU cannot run it. A compiled format is compiled here (a decode step and 2..16-row passes, autotuned
+    for 4 rows), before any timing; the seconds it took are said in one line."""
     import minispec
     from minispec import kernels
 
     dtype, kind = FORMATS[name]
     model = minispec.load_model(folder, dtype=dtype)
     try:
-        return kernels.apply(model, kind, checkpoint=folder)
+        model = kernels.apply(model, kind, checkpoint=folder)
     except MinispecError as error:
         print(f"{prog}: skipping {name} on this CPU: {error}", file=sys.stderr)
         return None
+    if isinstance(model, kernels.compiled.CompiledTransformer):
+        print(f"{prog}: {name} compiled in {kernels.compiled.warm_up(model, verify_rows=(4,)):.0f} s", file=sys.stderr)
+    return model
 
 
 def add_speculation_flags(p: Parser, drafters: str = "ngram,early-exit:24,self:bf16") -> Parser:

@@ -150,3 +150,54 @@ def test_a_cpu_or_install_without_the_kernel_is_one_line(monkeypatch):
     monkeypatch.setattr(nf4, "available", lambda: False)
     with pytest.raises(MinispecError, match=r"^kind='nf4': needs bitsandbytes \(pip install 'minispec\[nf4\]'\)"):
         kernels.apply(random_model(CONFIG, 0, dtype=torch.float32), "nf4")
+
+
+@pytest.fixture(scope="module")
+def compiled_pair():
+    """An nf4 model and the same weights as nf4-compiled, warmed up for 5-row verify passes."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    reference = random_model(CONFIG, 0, dtype=torch.float32, scale=3.0)
+    eager = kernels.apply(random_model(CONFIG, 0, dtype=torch.float32, scale=3.0), "nf4")
+    model = kernels.apply(reference, "nf4-compiled")
+    kernels.compiled.warm_up(model, verify_rows=(5,))
+    return eager, model
+
+
+@runs_here
+def test_nf4_compiled_is_nf4_with_the_steps_compiled(compiled_pair):
+    """The same kernel calls on the same tiles; only the glue between them is compiled, which sums in
+    another order (float32, ~1e-6 relative) and may so move a matmul input across a bfloat16 rounding
+    boundary: one bfloat16 step (2^-8 relative) on an element, far below 2% of the logits' scale."""
+    eager, model = compiled_pair
+    assert kernels.kind_of(model) == "nf4-compiled"
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 3, 8, 1, 6, 2]])
+    with torch.inference_mode():
+        want = eager(ids)  # [1, 11, V]
+        cache = model.new_cache(1, 16)
+        got = torch.cat([model(ids[:, :5], cache), model(ids[:, 5:6], cache), model(ids[:, 6:11], cache)], 1)
+    assert (got - want).abs().max() < 0.02 * want.abs().max()
+
+    from torch._dynamo.utils import counters
+
+    assert not counters["graph_break"]  # the kernel call is one opaque op inside the graph, not a break out of it
+
+
+@runs_here
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_speculative_nf4_compiled_target_gives_its_own_plain_greedy_output(compiled_pair, seed):
+    _, model = compiled_pair
+    prompt = torch.randint(0, CONFIG.vocab_size, (8,), generator=torch.Generator().manual_seed(seed)).tolist() * 2
+    plain = generate(model, prompt, max_new_tokens=16, eos_token_ids=[])
+    speculative = generate(model, prompt, max_new_tokens=16, eos_token_ids=[], draft="ngram", gamma=4)
+    assert speculative.tokens == plain.tokens
+
+
+def test_nf4_compiled_without_a_compiler_is_one_line_before_any_change(monkeypatch):
+    monkeypatch.setattr(nf4, "available", lambda: True)
+    monkeypatch.setattr(kernels.compiled.shutil, "which", lambda name: None)
+    model = random_model(CONFIG, 0, dtype=torch.float32)
+    with pytest.raises(MinispecError, match="^kind='nf4-compiled': TorchInductor needs a C\\+\\+ compiler"):
+        kernels.apply(model, "nf4-compiled")
+    assert kernels.kind_of(model) == "reference"

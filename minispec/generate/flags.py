@@ -148,14 +148,16 @@ def build_parser() -> Parser:
                    help="the weights' and activations' dtype (bf16 = bfloat16, fp32 = float32, fp64 = float64; "
                         "auto: bfloat16 where this CPU has a fast 16-bit path, else float32; --stats says which)")
     p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
-    p.add_argument("--kernels", choices=["auto", "fast", "compiled", "fp16", "int8-dynamic", "nf4", "reference"], default="auto",
+    p.add_argument("--kernels", choices=["auto", "fast", "compiled", "fp16", "int8-dynamic", "nf4", "nf4-compiled", "reference"],
+                   default="auto",
                    help="auto: fast for each model where it applies (float32, or bfloat16 on a CPU whose oneDNN "
                         "packs it, on the CPU), else reference; "
                         "fast: minispec.kernels' packed, fused weights (CPU only); compiled: the same blocks with "
                         "decoding steps compiled by TorchInductor (CPU only; compiles for minutes on first use, holds "
                         "several copies of the weights); fp16 / int8-dynamic: fbgemm's packed float16 weights / int8 weights "
                         "and activations, half / a quarter of float32's bytes per token (lossy); nf4: 4-bit NormalFloat "
-                        "weights, an eighth (lossy; the nf4 extra, AVX512-BF16 CPUs); reference: model.py "
+                        "weights, an eighth (lossy; the nf4 extra, AVX512-BF16 CPUs), nf4-compiled its steps compiled; "
+                        "reference: model.py "
                         "exactly as written")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (text, tokens, finish_reason, stats) instead of streaming")
@@ -190,11 +192,12 @@ def build_parser() -> Parser:
                         "(docs/security.md)")
     s.add_argument("--draft-p-min", type=ranged(float, "--draft-p-min", lo=0, hi=1), default=0.0,
                    help="a model draft stops at the first token whose draft probability is below this (0 = off)")
-    s.add_argument("--draft-kernels", choices=["auto", "same", "fast", "int8", "fp16", "int8-dynamic", "nf4", "reference"],
+    s.add_argument("--draft-kernels", choices=["auto", "same", "fast", "int8", "fp16", "int8-dynamic", "nf4", "nf4-compiled",
+                            "reference"],
                    default="auto",
                    help="a draft model's kernels: auto = the kind whose step is fastest on this CPU, measured once "
                         "(any precision drafts: the verify keeps the output the target's); same = the target's "
-                        "(fast for a compiled target); int8: "
+                        "(fast for a compiled target, nf4 for nf4-compiled); int8: "
                         "weight-only int8, half a bfloat16 draft's bytes per step; nf4: 4-bit weights; fp16 / int8-dynamic: fbgemm's "
                         "(the cheapest draft step on CPUs without bfloat16 arithmetic); the verify keeps the output "
                         "the target's")

@@ -177,16 +177,18 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:
         draft_kind = kernels.auto_draft_kind(draft_model)
     elif draft_kind in ("auto", "same"):
         draft_kind = kernels.auto_kind(draft_model) if auto and draft_model is not None else \
-            "fast" if kind == "compiled" else kind  # a draft model is not compiled
+            {"compiled": "fast", "nf4-compiled": "nf4"}.get(kind, kind)  # a draft model is compiled only when asked
     try:
         kernels.apply_drafter(drafter, draft_kind)
     except MinispecError as err:  # the draft's kind is --draft-kernels, not --kernels
         raise MinispecError(in_flags(str(err), {"kind": "--draft-kernels"}).replace("the model", "the draft model")
                             ) from None
-    if kind == "compiled":
-        if not args.json:
-            print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
-        kernels.compiled.warm_up(model, verify_rows=(args.gamma + 1,) if drafter is not None else ())
+    compiled = {id(m): (m, rows) for m, rows in ((draft_model, ()), (model, (args.gamma + 1,) if drafter else ()))
+                if isinstance(m, kernels.compiled.CompiledTransformer)}  # a draft model, the target: each once
+    if compiled and not args.json:
+        print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)
+    for m, verify_rows in compiled.values():
+        kernels.compiled.warm_up(m, verify_rows=verify_rows)
     ran = {"kernels": kernels.kind_of(model),
            "dtype": str(model.weights_dtype if hasattr(model, "weights_dtype") else model.dtype)}
     if draft_model is not None and draft_model is not model:

@@ -19,6 +19,8 @@ Kinds (KINDS):
   nf4        kernels/nf4.py: 4-bit NormalFloat weights (4.25 bits a weight) through the kernel
              bitsandbytes ships (the nf4 extra; AVX512-BF16 CPUs). Lossy; each row on its own, so
              a speculative nf4 target reproduces its own plain greedy output.
+  nf4-compiled  nf4's layers with the decoding steps compiled around the kernel calls, as in
+             compiled (call kernels.compiled.warm_up before a timed run). Same function as nf4.
 
 The rewrite swaps modules (blocks, final norm, LM head, embedding) and turns the object into a
 subclass of model.Transformer that overrides only what differs; model.py itself holds no kernel
@@ -37,10 +39,10 @@ from minispec.errors import MinispecError
 from minispec.kernels import compiled, fbgemm, int8, measure, nf4, packed, probe_cache
 from minispec.model.transformer import Transformer
 
-KINDS = ("reference", "fast", "compiled", "int8", "fp16", "int8-dynamic", "nf4")
+KINDS = ("reference", "fast", "compiled", "int8", "fp16", "int8-dynamic", "nf4", "nf4-compiled")
 
 _APPLY = {"fast": packed.apply, "compiled": compiled.apply, "int8": int8.apply, "fp16": fbgemm.apply_fp16,
-          "int8-dynamic": fbgemm.apply_int8_dynamic, "nf4": nf4.apply}
+          "int8-dynamic": fbgemm.apply_int8_dynamic, "nf4": nf4.apply, "nf4-compiled": nf4.apply_compiled}
 
 
 def kind_of(model: Transformer) -> str:

@@ -110,10 +110,20 @@ def apply(model: Transformer, checkpoint: str | Path | None = None) -> CompiledT
     """The compiled kind (module docstring); in place, returns the model. Compilation happens
     lazily, on the first step of each kind, or in `warm_up`."""
     packed.check_supported(model, "compiled")
+    check_compiler("compiled", "fast")
+    return compile_steps(packed.rewrite(model, DenseLinear, CompiledTransformer, checkpoint))
+
+
+def check_compiler(kind: str, instead: str) -> None:
+    """Raise MinispecError unless TorchInductor finds a C++ compiler."""
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        raise MinispecError("kind='compiled': TorchInductor needs a C++ compiler (c++ or g++ on PATH); "
-                            "none was found; expected one, or kind='fast'")
-    packed.rewrite(model, DenseLinear, CompiledTransformer, checkpoint)
+        raise MinispecError(f"kind={kind!r}: TorchInductor needs a C++ compiler (c++ or g++ on PATH); "
+                            f"none was found; expected one, or kind={instead!r}")
+
+
+def compile_steps(model: CompiledTransformer) -> CompiledTransformer:
+    """Set up the compiled decoding steps of a model already rewritten to a CompiledTransformer
+    (with any linear layer torch.compile can trace: DenseLinear here, a custom op for nf4)."""
     eager = super(CompiledTransformer, model)  # the eager methods, bound to this model
     model.compiled_hidden = _compile(eager.forward_hidden)
     model.compiled_head = _compile(eager.head)

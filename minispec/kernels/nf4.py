@@ -50,7 +50,7 @@ import torch
 import torch.nn as nn
 
 from minispec.errors import MinispecError
-from minispec.kernels import packed
+from minispec.kernels import compiled, packed
 from minispec.model.transformer import Transformer
 
 BLOCK = 64  # weights per block maximum
@@ -132,6 +132,24 @@ def check_shape(out_features: int, in_features: int, name: str) -> None:
                             f"multiple of {TILE} and in a multiple of {BLOCK} (the kernel's tiles and blocks)")
 
 
+@torch.library.custom_op("minispec::nf4_matmul", mutates_args=())
+def nf4_matmul(rows: torch.Tensor, tiles: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    """rows [N, in] bfloat16, tiles [out, in/2] uint8 (`tile`), maxima [in/64, out] bfloat16 ->
+    [N, out] bfloat16: each row through the kernel. A custom op, so that torch.compile keeps the
+    call opaque and compiles the rest of a step around it (the nf4-compiled kind)."""
+    out_features, in_features = tiles.shape[0], rows.shape[1]
+    y = torch.empty(rows.shape[0], out_features, dtype=torch.bfloat16)  # [N, out]
+    library().gemv_4bit_inference_cpu_nf4_bf16(
+        rows.shape[0], out_features, in_features, rows.data_ptr(), tiles.data_ptr(), maxima.data_ptr(),
+        y.data_ptr(), BLOCK, rows.stride(0), y.stride(0))
+    return y
+
+
+@nf4_matmul.register_fake
+def _nf4_matmul_shape(rows: torch.Tensor, tiles: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
+    return rows.new_empty(rows.shape[0], tiles.shape[0])  # what the compiler needs to know: [N, out]
+
+
 class Nf4Linear(nn.Module):
     """y ~ x @ W^T + b with W in NF4 (module docstring). weight: [out, in]; x: [..., in] -> y: [..., out] float32."""
 
@@ -146,11 +164,7 @@ class Nf4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [N, in]
-        y = torch.empty(rows.shape[0], self.out_features, dtype=torch.bfloat16)  # [N, out]
-        library().gemv_4bit_inference_cpu_nf4_bf16(
-            rows.shape[0], self.out_features, self.in_features, rows.data_ptr(), self.packed.data_ptr(),
-            self.maxima.data_ptr(), y.data_ptr(), BLOCK, rows.stride(0), y.stride(0))
-        y = y.float()
+        y = torch.ops.minispec.nf4_matmul(rows, self.packed, self.maxima).float()  # [N, out]
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -169,11 +183,32 @@ class Nf4Transformer(packed.FastTransformer):
     kind = "nf4"
 
 
+class CompiledNf4Transformer(compiled.CompiledTransformer):
+    """The nf4 kind with its decoding steps compiled (kernels/compiled.py): the kernel calls stay
+    opaque (nf4_matmul), the norms, RoPE, attention and casts between them are fused."""
+
+    kind = "nf4-compiled"
+
+
 def apply(model: Transformer, checkpoint: str | Path | None = None) -> Nf4Transformer:
     """The nf4 kind (module docstring); in place, returns the model. Every size is checked first."""
-    packed.check_supported(model, "nf4")
+    check(model, "nf4")
+    return packed.rewrite(model, Nf4Linear, Nf4Transformer, checkpoint)
+
+
+def apply_compiled(model: Transformer, checkpoint: str | Path | None = None) -> CompiledNf4Transformer:
+    """The nf4-compiled kind: nf4's layers, the decoding steps compiled (on first use, or in
+    compiled.warm_up)."""
+    check(model, "nf4-compiled")
+    compiled.check_compiler("nf4-compiled", "nf4")
+    return compiled.compile_steps(packed.rewrite(model, Nf4Linear, CompiledNf4Transformer, checkpoint))
+
+
+def check(model: Transformer, kind: str) -> None:
+    """Raise MinispecError (one line) unless the kernel runs here and takes every projection's size."""
+    packed.check_supported(model, kind)
     if not available():
-        raise MinispecError("kind='nf4': needs bitsandbytes (pip install 'minispec[nf4]') and a CPU with "
+        raise MinispecError(f"kind={kind!r}: needs bitsandbytes (pip install 'minispec[nf4]') and a CPU with "
                             "AVX512-BF16 (its NF4 kernel); expected kind='int8-dynamic' or 'fast' here")
     c = model.config
     q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -184,4 +219,3 @@ def apply(model: Transformer, checkpoint: str | Path | None = None) -> Nf4Transf
             ("down_proj", (c.hidden_size, c.intermediate_size)),
             ("the LM head", (c.vocab_size, c.hidden_size))):
         check_shape(out_features, in_features, name)
-    return packed.rewrite(model, Nf4Linear, Nf4Transformer, checkpoint)
