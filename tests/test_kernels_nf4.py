@@ -18,7 +18,8 @@ from minispec.testing import random_model, seeds, tiny_config
 
 runs_here = pytest.mark.skipif(not nf4.available(), reason="no bitsandbytes, or a CPU without AVX512-BF16")
 # every fused and single projection a multiple of the kernel's 32-row tiles and 64-weight blocks
-CONFIG = tiny_config(vocab_size=64, hidden_size=64, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=16)
+CONFIG = tiny_config(model_type="qwen2", qkv_bias=True, vocab_size=64, hidden_size=64, intermediate_size=64,
+                     num_heads=4, num_kv_heads=2, head_dim=16)  # Qwen2's q/k/v biases: the pair's models have them
 
 
 def library_dequantize(indices: torch.Tensor, maxima: torch.Tensor) -> torch.Tensor:
