@@ -138,7 +138,9 @@ def test_assert_conforms_passes_silently_or_names_each_failed_invariant_with_its
 def test_the_command_names_a_bad_engine_in_one_line(capsys):
     for argv, needle in ((["bogus"], "ENGINE 'bogus'"), (["minispec:nosuch"], "ENGINE 'minispec:nosuch'"),
                          (["minispec:dropmatch"], "re-runs the LM head"), (["transformers:w=2"], "0 < W < 1"),
-                         (["minispec:lenience:beta"], "is not key=value"), ([], "name an ENGINE")):
+                         (["minispec:lenience:beta"], "is not key=value"), ([], "name an ENGINE"),
+                         (["minispec:sampling", "--only", "seeded,nosuch"], "'nosuch' is not an invariant"),
+                         (["--planted", "--only", "seeded"], "--only: not with --planted")):
         with pytest.raises(SystemExit) as exit_info:
             sys.exit(main(argv))
         assert exit_info.value.code == 2
@@ -183,6 +185,8 @@ def test_the_command_runs_end_to_end_and_its_exit_status_is_the_verdict(tmp_path
     assert {table[k]["minispec exact"] for k in ("greedy", "zero_probability", "seeded", "batch_independent")} == {"pass"}
     assert good.stderr.splitlines()[-3:-1] == ["minispec.testing.conform: minispec sampling: 0 failed",
                                                 "minispec.testing.conform: minispec exact: 0 failed"]
+    some = run("minispec:sampling", "--only", "constrained,seeded")
+    assert some.returncode == 0 and list(table_of(some.stdout)) == ["seeded", "constrained"], some.stderr
     bad = run("user_engines:engine")
     assert bad.returncode == 1, bad.stderr
     assert table_of(bad.stdout)["greedy"]["always zero"] == "FAIL"

@@ -10,7 +10,7 @@
         assert_conforms(Engine("mine", my_step))
 
 contract.py is the door (StepInput -> StepOutput, and what an engine claims), engines.py the
-adapters (the public engines' in vllm_engine.py, lmdeploy_engine.py, litgpt_engine.py), invariants.py the checks, stats.py the chi-square with its planted-bias control,
+adapters (the public engines' in vllm_engine.py, lmdeploy_engine.py, litgpt_engine.py), invariants.py the checks (grammar.py the toy grammar of the constrained one), stats.py the chi-square with its planted-bias control,
 planted.py the bug classes planted into copies of transformers' sampler.
 """
 

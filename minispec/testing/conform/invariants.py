@@ -15,6 +15,10 @@
     zero_probability       no emitted token has target probability 0 (a token the target masks)
     seeded                 the same inputs and generator seed give the same decision
     batch_independent      with a batch form: a row's decision is the one it gets alone
+    constrained            a grammar mask along the drafted path (grammar.py), on both sides and on
+                           the target only: which law the first emitted token follows, the locally
+                           projected one (what the claim gives on the masked rows) or the
+                           grammar-conditional one; FAIL for neither, or for a token the grammar forbids
 
 A proposing engine (contract.py) draws its own drafts; the suite then reads its emitted tokens
 instead of extending the suite's drafts, and every check above applies unchanged.
@@ -40,6 +44,7 @@ from minispec.checks import is_int
 from minispec.errors import MinispecError
 from minispec.testing.conform import stats
 from minispec.testing.conform.contract import Broken, Engine, StepInput, StepOutput, step_input
+from minispec.testing.conform.grammar import TOY, Grammar
 
 
 @dataclass(frozen=True)
@@ -352,6 +357,89 @@ def check_batch(engine: Engine, budget: Budget, batches: int = 50, rows: int = 4
     return [Verdict("batch_independent", "pass", f"{batches} batches of {rows}: every row decides as it does alone")]
 
 
+def constrained_inputs(grammar: Grammar, target: torch.Tensor, draft: torch.Tensor, both_sides: bool,
+                       generator: torch.Generator, seed: int) -> StepInput:
+    """One step under `grammar`: d_i drawn from the draft's row i (masked along d_1..d_{i-1} when
+    both_sides), the target's rows masked along the drafts, T = 1, a generator seeded `seed`."""
+    drafts, state = [], grammar.start
+    for i in range(draft.shape[0]):
+        row = draft[i].double()
+        if both_sides:
+            row = row.masked_fill(~grammar.allowed(state, i), float("-inf"))
+        drafts.append(int(torch.multinomial(torch.softmax(row, -1).float(), 1, generator=generator)))
+        state = grammar.step(state, drafts[-1])
+    drafts = torch.tensor(drafts)
+    draft_rows = grammar.mask(draft, drafts) if both_sides else draft.clone()
+    return step_input(grammar.mask(target, drafts), draft_rows, drafts, torch.Generator().manual_seed(seed))
+
+
+def forbidden(grammar: Grammar, tokens: list[int]) -> str | None:
+    """Where `tokens` (from position 0) leave the grammar, in words; None if they do not."""
+    state = grammar.start
+    for i, token in enumerate(tokens):
+        if not grammar.allowed(state, i)[token]:
+            return f"token {token} at position {i}, which the grammar forbids after {tokens[:i]}"
+        state = grammar.step(state, token)
+    return None
+
+
+def constrained_rows(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The toy's unmasked rows: target [3, V], its token 3 at ~3% where the sentence 0 3 3 needs it
+    (so the two laws part), and draft [2, V], favouring 0 first and 3 after."""
+    g = torch.Generator().manual_seed(seed + 6)
+    target = torch.tensor([[0.3, 0.0, 0.2, 0.0], [0.0, 0.2, 0.0, -2.5], [0.1, 0.0, 0.0, -2.5]]) + logits(3, 4, g, scale=0.1)
+    draft = torch.tensor([[1.0, 0.0, 0.0, 0.5], [0.0, 0.0, 0.0, 1.0]]) + logits(2, 4, g, scale=0.1)
+    return target, draft
+
+
+def check_constrained(engine: Engine, budget: Budget) -> list[Verdict]:
+    """The toy grammar (grammar.TOY) over a target that rarely says its token 3, masked on both sides
+    and on the target only; each side's first emitted tokens tested against both laws."""
+    if not engine.samples or engine.claims is None:
+        return [Verdict("constrained", "n/a", "greedy only" if not engine.samples else "states no output distribution")]
+    if engine.proposes:
+        return [Verdict("constrained", "n/a", "draws its own drafts, so the suite cannot mask the rows along them")]
+    grammar = TOY
+    target, draft = constrained_rows(budget.seed)
+    conditional = grammar.conditional_first(torch.softmax(target.double(), -1))  # [V]
+    evidence = []
+    for side, both_sides in (("both sides", True), ("target only", False)):
+        first = constrained_inputs(grammar, target, draft, both_sides, torch.Generator(), 0)
+        local = engine.claim(first.p_target[0], first.q_draft[0])  # the claim at position 0 on the masked rows
+        samples, control = stats.samples_for_power(local, budget.delta, budget.start, budget.limit, budget.seed)
+        generator, counts = torch.Generator().manual_seed(budget.seed), torch.zeros(grammar.vocab, dtype=torch.long)
+        for start in range(0, samples, CHUNK):
+            inputs = [constrained_inputs(grammar, target, draft, both_sides, generator, budget.seed * 1_000_003 + s)
+                      for s in range(start, min(samples, start + CHUNK))]
+            try:
+                outputs = engine.batch(inputs) if engine.batch_step is not None else [call(engine, i) for i in inputs]
+            except Broken as err:
+                return [Verdict("constrained", "FAIL", f"{side}: {err}")]
+            for inp, out in zip(inputs, outputs):
+                tokens = out.tokens(inp.draft_tokens)
+                where = forbidden(grammar, tokens)
+                if where:
+                    return [Verdict("constrained", "FAIL", f"{side}: neither law: emitted {where} (drafts "
+                                    f"{inp.draft_tokens.tolist()}, num_accepted {out.num_accepted})")]
+                counts[tokens[0]] += 1
+        fits = {"locally projected": stats.chi_square(counts, local),
+                "grammar-conditional": stats.chi_square(counts, conditional)}
+        described = "; ".join(f"{law}: chi2 {f.statistic:.1f} on {f.dof} dof, p = {f.p_value:.2g}"
+                              for law, f in fits.items())
+        gap = 0.5 * float((local - conditional).abs().sum())
+        detail = (f"N = {samples}, the laws {gap:.2f} apart in total variation, control power {control.power:.1%} "
+                  f"against a bias of TV {control.delta}")
+        if control.power < stats.MIN_POWER:
+            return [Verdict("constrained", "FAIL", f"{side}: cannot tell: its control is caught only "
+                            f"{control.power:.1%} of the time; {described}; {detail}")]
+        held = [law for law, f in fits.items() if f.p_value >= stats.ALPHA]
+        if len(held) != 1:
+            return [Verdict("constrained", "FAIL", f"{side}: " + ("neither law" if not held else "both laws fit")
+                            + f" ({described}; {detail})")]
+        evidence.append(f"{side}: the {held[0]} law ({described}; {detail})")
+    return [Verdict("constrained", "pass", "; ".join(evidence))]
+
+
 CHECKS = {  # each check and the invariants it judges, in the report's order
     check_claimed: ("claimed_distribution", "accepted_length"),
     check_processed: ("both_sides_processed",),
@@ -361,6 +449,7 @@ CHECKS = {  # each check and the invariants it judges, in the report's order
     check_zero_probability: ("zero_probability",),
     check_seeded: ("seeded",),
     check_batch: ("batch_independent",),
+    check_constrained: ("constrained",),
 }
 INVARIANTS = tuple(name for names in CHECKS.values() for name in names)
 
