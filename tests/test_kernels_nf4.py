@@ -195,6 +195,25 @@ def test_a_speculative_nf4_compiled_target_gives_its_own_plain_greedy_output(com
     assert speculative.tokens == plain.tokens
 
 
+@runs_here
+def test_a_draft_model_warmed_as_the_command_warms_it_compiles_nothing_while_it_drafts():
+    """kernels.compiled.DRAFT_ROWS covers every pass a draft model runs in the loop (one-row steps, and
+    2 rows after a step that kept every draft): nothing compiles during generation (a missed shape
+    recompiled for tens of seconds inside the timed decode)."""
+    from torch._dynamo.utils import counters
+
+    from minispec import make_drafter
+
+    target = kernels.apply(random_model(CONFIG, 0, dtype=torch.float32, scale=3.0), "nf4")
+    draft = kernels.apply(random_model(CONFIG, 0, dtype=torch.float32, scale=3.0), "nf4-compiled")  # same weights
+    kernels.compiled.warm_up(draft, verify_rows=kernels.compiled.DRAFT_ROWS)
+    compiled_before = counters["stats"]["unique_graphs"]
+    out = generate(target, [1, 5, 9, 2, 7], max_new_tokens=24, eos_token_ids=[], draft=make_drafter(draft, target),
+                   gamma=3)
+    assert out.stats["tau"] > 2  # the draft's own weights: most steps keep every draft, so 2-row passes ran
+    assert counters["stats"]["unique_graphs"] == compiled_before
+
+
 def test_nf4_compiled_without_a_compiler_is_one_line_before_any_change(monkeypatch):
     monkeypatch.setattr(nf4, "available", lambda: True)
     monkeypatch.setattr(kernels.compiled.shutil, "which", lambda name: None)

@@ -183,7 +183,8 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:
     except MinispecError as err:  # the draft's kind is --draft-kernels, not --kernels
         raise MinispecError(in_flags(str(err), {"kind": "--draft-kernels"}).replace("the model", "the draft model")
                             ) from None
-    compiled = {id(m): (m, rows) for m, rows in ((draft_model, ()), (model, (args.gamma + 1,) if drafter else ()))
+    compiled = {id(m): (m, rows) for m, rows in ((draft_model, kernels.compiled.DRAFT_ROWS),
+                                                 (model, (args.gamma + 1,) if drafter else ()))
                 if isinstance(m, kernels.compiled.CompiledTransformer)}  # a draft model, the target: each once
     if compiled and not args.json:
         print("compiling the decoding steps (minutes on first use; cached on disk) ...", file=sys.stderr)

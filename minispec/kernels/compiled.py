@@ -130,6 +130,9 @@ def compile_steps(model: CompiledTransformer) -> CompiledTransformer:
     return model
 
 
+DRAFT_ROWS = (2,)  # a draft model's passes besides one-row steps: 2 rows after a step that kept every draft
+
+
 def warm_up(model: CompiledTransformer, verify_rows: Sequence[int] = ()) -> float:
     """Compile the graphs a generation will use before it starts; returns the seconds it took.
 
