@@ -81,3 +81,32 @@ def test_the_static_ensemble_with_the_target_alone_masked_leaves_the_grammar():
 
     verdict, = conform(transformers_engine(0.5), QUICK, only=("constrained",))
     assert verdict.status == "FAIL" and verdict.evidence.startswith("target only: neither law"), verdict.evidence
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(vocab=0, horizon=3, moves={0: {}}, accepting=frozenset({0})), "expected integers >= 1"),
+    (dict(vocab=4, horizon=3, moves={0: {7: 0}}, accepting=frozenset({0})), "moves[0] holds (7, 0)"),
+    (dict(vocab=4, horizon=3, moves={0: {1: 9}}, accepting=frozenset({0})), "moves[0] holds (1, 9)"),
+    (dict(vocab=4, horizon=3, moves={0: {}}, accepting=frozenset({5})), "start and accepting"),
+])
+def test_a_malformed_grammar_is_one_line(kwargs, needle):
+    from minispec.errors import MinispecError
+    from minispec.testing.conform.grammar import Grammar
+
+    with pytest.raises(MinispecError) as err:
+        Grammar(**kwargs)
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("p, needle", [
+    (torch.full((2, 4), 0.25, dtype=torch.float64), "expected [horizon=3, vocab=4]"),
+    ([[0.25] * 4] * 3, "expected [horizon=3, vocab=4]"),
+    (torch.tensor([[0.25] * 4, [float("nan"), 0.5, 0.25, 0.25], [0.25] * 4], dtype=torch.float64), "p[1]"),
+    (torch.tensor([[0.5, 0.5, 0, 0], [0, 0, 0, 1.0], [1.0, 0, 0, 0]], dtype=torch.float64), "probability 0"),
+])
+def test_the_conditional_law_refuses_rows_that_are_not_distributions_over_the_grammar(p, needle):
+    from minispec.errors import MinispecError
+
+    with pytest.raises(MinispecError) as err:
+        TOY.conditional_first(p)
+    assert needle in str(err.value), str(err.value)

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
+from minispec import checks
+from minispec.errors import MinispecError
+
 MASKED = -1e4  # a masked logit: exp underflows to exactly 0 at T = 1 in float32 and float64
 
 
@@ -47,11 +50,21 @@ class Grammar:
     accepting: frozenset
     start: int = 0
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.vocab, int) and self.vocab >= 1 and isinstance(self.horizon, int) and self.horizon >= 1):
+            raise MinispecError(f"Grammar: vocab = {self.vocab!r}, horizon = {self.horizon!r}; expected integers >= 1")
+        for state, moves in self.moves.items():
+            bad = [(t, n) for t, n in moves.items() if not (isinstance(t, int) and 0 <= t < self.vocab) or n not in self.moves]
+            if bad:
+                raise MinispecError(f"Grammar: moves[{state!r}] holds {bad[0]}; expected token ids in [0, {self.vocab}) "
+                                    "leading to states of `moves`")
+        if self.start not in self.moves or not set(self.accepting) <= set(self.moves):
+            raise MinispecError("Grammar: start and accepting must be states of `moves`")
+
     def completions(self, position: int) -> dict:
         """{state: whether some sentence completes from it at `position`} for every state."""
-        live = {s: s in self.accepting for s in self.moves} if position == self.horizon else None
-        if live is not None:
-            return live
+        if position == self.horizon:
+            return {s: s in self.accepting for s in self.moves}
         after = self.completions(position + 1)
         return {s: any(after[t] for t in self.moves[s].values()) for s in self.moves}
 
@@ -76,29 +89,32 @@ class Grammar:
             states.append(self.step(states[-1], int(token)))
         return states
 
-    def mask(self, logits: torch.Tensor, tokens, first: int = 0) -> torch.Tensor:
-        """logits [R, V], rows at positions first..first+R-1 along `tokens` (the tokens before each),
-        with the forbidden tokens set to MASKED (rows after a state off the grammar left as they are)."""
+    def mask(self, logits: torch.Tensor, tokens) -> torch.Tensor:
+        """logits [R, V], row r at position r after tokens[:r], with the tokens forbidden there set to
+        MASKED (a row after a state off the grammar left as it is)."""
         states = self.states_along(tokens)
         out = logits.clone()
         for r in range(logits.shape[0]):
-            out[r][~self.allowed(states[r], first + r)] = MASKED
+            out[r][~self.allowed(states[r], r)] = MASKED
         return out
 
     def conditional_first(self, p: torch.Tensor) -> torch.Tensor:
         """The grammar-conditional law of the first token, [V] float64, from the target's rows p
-        [horizon, V] (unmasked): p_0(x) Z_1(state after x), normalised."""
+        [horizon, V] (unmasked distributions): p_0(x) Z_1(state after x), normalised."""
+        if not isinstance(p, torch.Tensor) or p.shape != (self.horizon, self.vocab):
+            raise MinispecError(f"Grammar.conditional_first: p is {type(p).__name__} of shape "
+                                f"{list(getattr(p, 'shape', []))}; expected [horizon={self.horizon}, vocab={self.vocab}]")
+        for i in range(self.horizon):
+            checks.distribution(p[i], f"Grammar.conditional_first: p[{i}]")
         mass = {s: float(s in self.accepting) for s in self.moves}  # Z_H
         for i in range(self.horizon - 1, 0, -1):
             mass = {s: sum(float(p[i, t]) * mass[n] for t, n in self.moves[s].items()) for s in self.moves}
         first = torch.zeros(self.vocab, dtype=torch.float64)
         for token, nxt in self.moves[self.start].items():
             first[token] = float(p[0, token]) * mass[nxt]
-        return first / first.sum()
-
-    def local_first(self, p: torch.Tensor) -> torch.Tensor:
-        """The locally projected law of the first token, [V] float64: p_0 masked, normalised."""
-        first = p[0].double() * self.allowed(self.start, 0)
+        if float(first.sum()) == 0:
+            raise MinispecError("Grammar.conditional_first: the target gives every sentence of the grammar "
+                                "probability 0; expected some mass on it")
         return first / first.sum()
 
 

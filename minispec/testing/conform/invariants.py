@@ -44,7 +44,7 @@ from minispec.checks import is_int
 from minispec.errors import MinispecError
 from minispec.testing.conform import stats
 from minispec.testing.conform.contract import Broken, Engine, StepInput, StepOutput, step_input
-from minispec.testing.conform.grammar import TOY, Grammar
+from minispec.testing.conform.grammar import MASKED, TOY, Grammar
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,11 @@ class Setting:
 CHUNK = 1000  # steps per batch call in `observe`
 
 
+def decide(engine: Engine, inputs: list[StepInput]) -> list[StepOutput]:
+    """The engine's decisions on `inputs`: one batch call where it has a batch form, else one call each."""
+    return engine.batch(inputs) if engine.batch_step is not None else [call(engine, i) for i in inputs]
+
+
 def observe(engine: Engine, setting: Setting, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the step `samples` times: counts of the extended output sequences [V^(gamma+1)] and of
     the accepted lengths [gamma+1]. Each step has its own generator, so a batch form gives the same
@@ -134,7 +139,7 @@ def observe(engine: Engine, setting: Setting, samples: int, seed: int) -> tuple[
     outputs: list[StepOutput] = []
     for start in range(0, samples, CHUNK):  # an engine with a batch form decides a chunk in one call
         inputs = [setting.input(drafts[s], seed * 1_000_003 + s) for s in range(start, min(samples, start + CHUNK))]
-        outputs += engine.batch(inputs) if engine.batch_step is not None else [call(engine, i) for i in inputs]
+        outputs += decide(engine, inputs)
     for s, out in enumerate(outputs):
         seq = fills[s].clone()
         seq[: out.num_accepted + 1] = torch.tensor(out.tokens(drafts[s]))
@@ -365,7 +370,7 @@ def constrained_inputs(grammar: Grammar, target: torch.Tensor, draft: torch.Tens
     for i in range(draft.shape[0]):
         row = draft[i].double()
         if both_sides:
-            row = row.masked_fill(~grammar.allowed(state, i), float("-inf"))
+            row = row.masked_fill(~grammar.allowed(state, i), MASKED)
         drafts.append(int(torch.multinomial(torch.softmax(row, -1).float(), 1, generator=generator)))
         state = grammar.step(state, drafts[-1])
     drafts = torch.tensor(drafts)
@@ -412,7 +417,7 @@ def check_constrained(engine: Engine, budget: Budget) -> list[Verdict]:
             inputs = [constrained_inputs(grammar, target, draft, both_sides, generator, budget.seed * 1_000_003 + s)
                       for s in range(start, min(samples, start + CHUNK))]
             try:
-                outputs = engine.batch(inputs) if engine.batch_step is not None else [call(engine, i) for i in inputs]
+                outputs = decide(engine, inputs)
             except Broken as err:
                 return [Verdict("constrained", "FAIL", f"{side}: {err}")]
             for inp, out in zip(inputs, outputs):

@@ -107,10 +107,9 @@ def invariant_list(text: str) -> tuple[str, ...]:
     """--only: comma-separated names from INVARIANTS."""
     names = tuple(name.strip() for name in text.split(","))
     unknown = [name for name in names if name not in INVARIANTS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"--only {text!r}: {', '.join(map(repr, unknown)) or 'no name'} is not an "
-                                         f"invariant; expected "
-                            f"comma-separated names from {', '.join(INVARIANTS)}")
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--only {text!r}: {', '.join(map(repr, unknown))} is not an invariant; "
+                                         f"expected comma-separated names from {', '.join(INVARIANTS)}")
     return names
 
 
