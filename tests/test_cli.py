@@ -483,22 +483,42 @@ def test_a_registered_user_policy_takes_its_options_from_the_command_line(real_c
                                  "'thresold'; its options are ['count', 'threshold']\n")
 
 
-def test_dtype_auto_loads_what_this_cpu_runs_fast_and_says_so(real_ckpt, capsys):
-    """--dtype auto: kernels.auto_dtype() (bfloat16 where a 16-bit path runs here, else float32), and
-    --kernels auto's choice on it; --json's stats name both, so the path that ran is never a guess."""
+@pytest.mark.parametrize("nf4_runs", [True, False], ids=["nf4-here", "no-nf4"])
+def test_dtype_auto_loads_what_this_cpu_runs_fast_and_says_so(real_ckpt, capsys, monkeypatch, nf4_runs):
+    """--dtype auto with --kernels auto: kernels.auto_weights' choice (its definition is tested in
+    test_kernels_nf4.py): nf4 loaded in float32 for a target of NF4_MIN_WEIGHTS linear weights or more
+    where the kernel runs, and beside it a draft model in nf4; else kernels.auto_dtype() (bfloat16 where a 16-bit path runs here,
+    else float32) and --kernels auto's choice on it. With another --kernels, auto_dtype's dtype and
+    that kind. --json's stats name each, so the path that ran is never a guess. SmolLM2 is below the
+    size rule, so the nf4 case lowers it."""
     import torch
 
     from minispec import kernels
+    from minispec.model.config import ModelConfig
 
-    code, out, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--max-new-tokens", "4", "--dtype", "auto", "--json")
+    if nf4_runs:
+        if not kernels.nf4.available():
+            pytest.skip("no bitsandbytes, or a CPU without AVX512-BF16")
+        monkeypatch.setattr(kernels, "NF4_MIN_WEIGHTS", kernels.nf4.linear_weights(ModelConfig.from_hf(real_ckpt)))
+    else:
+        monkeypatch.setattr(kernels.nf4, "available", lambda: False)
+    code, out, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--max-new-tokens", "4", "--dtype", "auto",
+                           "--draft", str(real_ckpt), "--json")
     assert code == 0
     stats = json.loads(out)["stats"]
     want = kernels.auto_dtype()
-    assert stats["dtype"] == str(want)
     assert want == (torch.bfloat16 if kernels.packed.packs(torch.bfloat16) or kernels.fbgemm.available()
                     else torch.float32)
-    assert stats["kernels"] == ("fast" if kernels.packed.packs(want) else "fp16" if want == torch.bfloat16
-                                else "reference")
+    if nf4_runs:
+        assert (stats["dtype"], stats["kernels"], stats["draft_kernels"]) == ("torch.float32", "nf4", "nf4")
+    else:
+        assert stats["dtype"] == str(want)
+        assert stats["kernels"] == ("fast" if kernels.packed.packs(want) else "fp16" if want == torch.bfloat16
+                                    else "reference")
+        assert stats["draft_kernels"] in ("fast", "fp16", "reference")
+    code, out, _ = run_cli(capsys, "--ckpt", str(real_ckpt), "--max-new-tokens", "4", "--dtype", "auto",
+                           "--kernels", "reference", "--json")
+    assert (json.loads(out)["stats"]["dtype"], json.loads(out)["stats"]["kernels"]) == (str(want), "reference")
 
 
 def test_draft_length_auto_prices_once_per_machine_and_says_so(real_ckpt, capsys, monkeypatch, tmp_path):

@@ -221,3 +221,43 @@ def test_nf4_compiled_without_a_compiler_is_one_line_before_any_change(monkeypat
     with pytest.raises(MinispecError, match="^kind='nf4-compiled': TorchInductor needs a C\\+\\+ compiler"):
         kernels.apply(model, "nf4-compiled")
     assert kernels.kind_of(model) == "reference"
+
+
+@pytest.mark.parametrize("available", [True, False])
+def test_dtype_auto_picks_nf4_for_large_targets_whose_sizes_fit_where_it_runs(monkeypatch, available):
+    """kernels.auto_weights: nf4 (loaded in float32) exactly where the kernel runs, every projection is
+    a multiple of its 32-row tiles and 64-weight blocks, and the linear layers hold >= 1e9 weights
+    (counted here by hand: layers x (q, k, v, o, gate, up, down) + the head); else auto_dtype and "auto"."""
+    monkeypatch.setattr(nf4, "available", lambda: available)
+    want_else = (kernels.auto_dtype(), "auto")
+    for layers, hidden, inter, vocab, heads, kv in ((28, 1536, 8960, 151936, 12, 2),  # the 1.5B: 1.54e9
+                                                    (24, 896, 4864, 151936, 14, 2),  # the 0.5B: 0.49e9
+                                                    (40, 1536, 8960, 151936, 12, 2),
+                                                    (28, 1536, 8960 + 32, 151936, 12, 2),  # gate/up fit, down's in does not
+                                                    (28, 1536, 8960, 151936 + 16, 12, 2)):  # the head's rows do not
+        config = tiny_config(num_layers=layers, hidden_size=hidden, intermediate_size=inter, vocab_size=vocab,
+                             num_heads=heads, num_kv_heads=kv, head_dim=128)
+        weights = vocab * hidden + layers * hidden * (heads * 128 + 2 * kv * 128 + heads * 128 + 3 * inter)
+        fit = inter % 64 == 0 and vocab % 32 == 0
+        want = (torch.float32, "nf4") if available and fit and weights >= 10**9 else want_else
+        assert kernels.auto_weights(config) == want, (layers, hidden, inter, vocab)
+
+
+@pytest.mark.parametrize("available", [True, False], ids=["kernel", "no-kernel"])
+def test_a_draft_beside_a_four_bit_target_is_four_bit_where_its_sizes_fit(monkeypatch, available):
+    """kernels.auto_draft_kind: beside an nf4 or nf4-compiled target, a draft model whose projections the
+    kernel takes runs nf4; a draft it cannot take, or one beside any other target, gets the 16-bit
+    choice it gets without the nf4 rule (the same call, target 'fast')."""
+    monkeypatch.setattr(nf4, "available", lambda: available)
+    fitting = random_model(CONFIG, 0, dtype=torch.float32)
+    odd = random_model(tiny_config(vocab_size=64, hidden_size=48, intermediate_size=64, num_heads=4,
+                                   num_kv_heads=2, head_dim=12), 0, dtype=torch.float32)  # 48-weight rows
+    assert not nf4.fits(odd.config)
+    for model in (fitting, odd):
+        sixteen_bit = kernels.auto_draft_kind(model, "fast")
+        assert sixteen_bit in ("fast", "fp16", "reference")
+        for target in ("nf4", "nf4-compiled"):
+            want = "nf4" if available and model is fitting else sixteen_bit
+            assert kernels.auto_draft_kind(model, target) == want, (target, model is fitting)
+        for target in ("reference", "fast", "compiled", "fp16", "int8-dynamic"):
+            assert kernels.auto_draft_kind(model, target) == sixteen_bit

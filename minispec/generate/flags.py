@@ -145,8 +145,10 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=ranged(int, "--seed", lo=0, hi=2**64, hi_open=True), default=0,
                    help="seeds every random choice (an unsigned 64-bit integer, as torch takes it)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
-                   help="the weights' and activations' dtype (bf16 = bfloat16, fp32 = float32, fp64 = float64; "
-                        "auto: bfloat16 where this CPU has a fast 16-bit path, else float32; --stats says which)")
+                   help="the weights' and activations' dtype (bf16 = bfloat16, fp32 = float32, fp64 = float64; auto: "
+                        "with --kernels auto, nf4 weights for a target of 1e9 or more where its kernel runs (the nf4 "
+                        "extra, AVX512-BF16), else bfloat16 where this CPU has a fast 16-bit path, else float32; "
+                        "--stats says which)")
     p.add_argument("--device", default="cpu", help="a torch device: cpu, cuda, cuda:1, mps, ...")
     p.add_argument("--kernels", choices=["auto", "fast", "compiled", "fp16", "int8-dynamic", "nf4", "nf4-compiled", "reference"],
                    default="auto",
@@ -195,12 +197,11 @@ def build_parser() -> Parser:
     s.add_argument("--draft-kernels", choices=["auto", "same", "fast", "int8", "fp16", "int8-dynamic", "nf4", "nf4-compiled",
                             "reference"],
                    default="auto",
-                   help="a draft model's kernels: auto = the kind whose step is fastest on this CPU, measured once "
-                        "(any precision drafts: the verify keeps the output the target's); same = the target's "
-                        "(fast for a compiled target, nf4 for nf4-compiled); int8: "
-                        "weight-only int8, half a bfloat16 draft's bytes per step; nf4: 4-bit weights; fp16 / int8-dynamic: fbgemm's "
-                        "(the cheapest draft step on CPUs without bfloat16 arithmetic); the verify keeps the output "
-                        "the target's")
+                   help="a draft model's kernels: auto = nf4 beside an nf4 target, else the kind whose step is fastest "
+                        "on this CPU, measured once; same = the target's (fast for a compiled target, nf4 for "
+                        "nf4-compiled); int8: weight-only int8, half a bfloat16 draft's bytes per step; nf4: 4-bit "
+                        "weights; fp16 / int8-dynamic: fbgemm's (the cheapest draft step on CPUs without bfloat16 "
+                        "arithmetic); any precision drafts: the verify keeps the output the target's")
     s.add_argument("--draft-vocab", type=ranged(int, "--draft-vocab", lo=1), default=None, metavar="N",
                    help="a draft model's LM head over its N most frequent tokens only (ids below N, plus the added "
                         "tokens; FR-Spec): a cheaper draft step, lossless through the target's verify "

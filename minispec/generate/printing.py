@@ -188,8 +188,8 @@ def format_stats(s: dict) -> str:
         agree = (f"all K heads agree with the clean argmax at {info['heads_agree'] / info['positions']:.1%} of positions"
                  if info.get("positions") else
                  f"dropout paths computed at {info.get('path_positions', 0) / s['verify_steps']:.2f} positions per step")
-        lines.append(f"dropmatch p {s['dropout_p']:.4g}: {agree}; {info['accepted_by_dropmatch_only']} tokens accepted "
-                     "only thanks to DropMatch")
+        lines.append(f"dropmatch p {s['dropout_p']:.4g}: {agree}; {info['accepted_by_dropmatch_only']} "
+                     f"token{'' if info['accepted_by_dropmatch_only'] == 1 else 's'} accepted only thanks to DropMatch")
     if "speedup" in s:
         same = "the same tokens" if s["plain_tokens_equal"] else "other tokens: the policy is lossy" \
             if not s["policy_lossless"] else "other tokens (sampling, or a near-tie in rounding)"

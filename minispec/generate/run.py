@@ -138,12 +138,23 @@ def load(args: GenerateArgs):
     else:
         ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
 
-    dtype = kernels.auto_dtype(device) if DTYPES[args.dtype] == "auto" else getattr(torch, DTYPES[args.dtype])
+    dtype = _auto_weights(args, ckpt, device)[0] if DTYPES[args.dtype] == "auto" else getattr(torch, DTYPES[args.dtype])
     model = load_model(ckpt, dtype=dtype, device=device)
     tokenizer = load_tokenizer(ckpt)
     check_tokenizer_fits(tokenizer, model, ckpt)
     drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
     return model, tokenizer, drafter, ckpt
+
+
+def _auto_weights(args: GenerateArgs, ckpt: Path, device) -> tuple:
+    """--dtype auto: (the dtype to load, the kind to apply or "auto"); with --kernels auto the fastest
+    weights whose quality holds here (kernels.auto_weights: nf4 where it runs), else auto_dtype's."""
+    from minispec import kernels
+    from minispec.model.config import ModelConfig
+
+    if args.kernels != "auto":
+        return kernels.auto_dtype(device), args.kernels
+    return kernels.auto_weights(ModelConfig.from_hf(ckpt), device)
 
 
 def _draft_length(args: GenerateArgs, model, drafter):
@@ -167,14 +178,15 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:
     from minispec import kernels
 
     auto = args.kernels == "auto"  # kernels.auto_kind: the fastest kind that keeps the weights
-    kind = kernels.auto_kind(model) if auto else args.kernels
+    kind = _auto_weights(args, ckpt, model.device)[1] if auto and DTYPES[args.dtype] == "auto" else args.kernels
+    kind = kernels.auto_kind(model) if kind == "auto" else kind
     kernels.apply(model, kind, checkpoint=ckpt)
     draft_model = None if drafter is None else drafter.model
     separate = draft_model is not None and draft_model is not model and \
         args.draft.partition(":")[0] not in NOT_A_DRAFT_MODEL  # a draft model with weights of its own
     draft_kind = args.draft_kernels
     if draft_kind == "auto" and separate:  # the fastest step this CPU runs, measured: any precision drafts
-        draft_kind = kernels.auto_draft_kind(draft_model)
+        draft_kind = kernels.auto_draft_kind(draft_model, kind)
     elif draft_kind in ("auto", "same"):
         draft_kind = kernels.auto_kind(draft_model) if auto and draft_model is not None else \
             {"compiled": "fast", "nf4-compiled": "nf4"}.get(kind, kind)  # a draft model is compiled only when asked

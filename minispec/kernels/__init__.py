@@ -37,9 +37,12 @@ import torch
 
 from minispec.errors import MinispecError
 from minispec.kernels import compiled, fbgemm, int8, measure, nf4, packed, probe_cache
+from minispec.model.config import ModelConfig
 from minispec.model.transformer import Transformer
 
 KINDS = ("reference", "fast", "compiled", "int8", "fp16", "int8-dynamic", "nf4", "nf4-compiled")
+
+NF4_MIN_WEIGHTS = 10**9  # --dtype auto picks nf4 only for targets this large (auto_weights)
 
 _APPLY = {"fast": packed.apply, "compiled": compiled.apply, "int8": int8.apply, "fp16": fbgemm.apply_fp16,
           "int8-dynamic": fbgemm.apply_int8_dynamic, "nf4": nf4.apply, "nf4-compiled": nf4.apply_compiled}
@@ -61,6 +64,18 @@ def auto_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     return torch.bfloat16 if packed.packs(torch.bfloat16) or fbgemm.available() else torch.float32
 
 
+def auto_weights(config: ModelConfig, device: torch.device | str = "cpu") -> tuple[torch.dtype, str]:
+    """--dtype auto with --kernels auto: the dtype to load a target in and the kind to apply, the fastest
+    whose quality holds on this CPU. nf4 where its kernel runs and takes the model's sizes (nf4.fits)
+    and the model has at least NF4_MIN_WEIGHTS linear weights, loaded in float32 (the weights it
+    quantizes): the Qwen2.5-Coder 1.5B keeps its HumanEval pass@1 within 3 points of float32's in nf4
+    (docs/benchmarks.md), while a small model loses more to 4-bit weights (SmolLM2-135M's nf4 greedy
+    text leaves float32's about five times sooner, and not at near-ties: the same page). Elsewhere auto_dtype() and "auto", for auto_kind to choose on the loaded model."""
+    if torch.device(device).type == "cpu" and nf4.fits(config) and nf4.linear_weights(config) >= NF4_MIN_WEIGHTS:
+        return torch.float32, "nf4"
+    return auto_dtype(device), "auto"
+
+
 def auto_kind(model: Transformer) -> str:
     """--kernels auto for a target: the fastest kind that keeps its weights. "fast" where oneDNN packs
     the model's dtype here (packed.packs: float32 anywhere, bfloat16 with AVX-512); a bfloat16 model
@@ -75,16 +90,25 @@ def auto_kind(model: Transformer) -> str:
     return "reference"
 
 
-def auto_draft_kind(model: Transformer) -> str:
-    """--draft-kernels auto for a separate draft model: of the kinds that keep its weights to within
-    float16 ("fast", "fp16") and that this CPU runs, the one whose one-row step is fastest here,
-    measured once per machine and layer shape (measure.fastest_kind) and kept on disk
-    (probe_cache), so that the same seed drafts with the same kind, and gives the same text, run
-    after run. int8-dynamic is faster still but rounds the activations too, which costs a small
-    draft much of its acceptance (SmolLM2's own copy: 0.2 at the first position): it is there to
-    choose, by measurement, not by default."""
+def auto_draft_kind(model: Transformer, target_kind: str = "reference") -> str:
+    """--draft-kernels auto for a separate draft model beside a target of `target_kind`.
+
+    Beside a 4-bit target (nf4, nf4-compiled) the draft runs nf4 too where the kernel takes its
+    sizes: a draft pays only if its step reads a fraction of the target's bytes, and a 16-bit 0.5B
+    reads more than the 1.5B target in nf4 (1.0 GB a step against 0.8 GB). Its rounding costs
+    acceptance only, never the output (the verify keeps the target's). Not compiled: a compiled
+    draft's steps measured no faster (docs/benchmarks.md) and cost half a minute or more to compile.
+
+    Otherwise: of the kinds that keep its weights to within float16 ("fast", "fp16") and that this
+    CPU runs, the one whose one-row step is fastest here, measured once per machine and layer
+    shape (measure.fastest_kind) and kept on disk (probe_cache), so that the same seed drafts with
+    the same kind, and gives the same text, run after run. int8-dynamic is faster still but rounds
+    the activations too, which costs a small draft much of its acceptance (SmolLM2's own copy: 0.2
+    at the first position): it is there to choose, by measurement, not by default."""
     if model.device.type != "cpu":
         return "reference"
+    if target_kind in ("nf4", "nf4-compiled") and nf4.fits(model.config):
+        return "nf4"
     candidates = [kind for kind in ("fast", "fp16")
                   if (kind == "fast" and packed.packs(model.dtype)) or (kind == "fp16" and fbgemm.available())]
     if not candidates:

@@ -51,6 +51,7 @@ import torch.nn as nn
 
 from minispec.errors import MinispecError
 from minispec.kernels import compiled, packed
+from minispec.model.config import ModelConfig
 from minispec.model.transformer import Transformer
 
 BLOCK = 64  # weights per block maximum
@@ -210,12 +211,25 @@ def check(model: Transformer, kind: str) -> None:
     if not available():
         raise MinispecError(f"kind={kind!r}: needs bitsandbytes (pip install 'minispec[nf4]') and a CPU with "
                             "AVX512-BF16 (its NF4 kernel); expected kind='int8-dynamic' or 'fast' here")
-    c = model.config
-    q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    for name, (out_features, in_features) in (
-            ("the fused q/k/v projection", (q_width + 2 * kv_width, c.hidden_size)),
-            ("o_proj", (c.hidden_size, q_width)),
-            ("the fused gate/up projection", (2 * c.intermediate_size, c.hidden_size)),
-            ("down_proj", (c.hidden_size, c.intermediate_size)),
-            ("the LM head", (c.vocab_size, c.hidden_size))):
+    for name, (out_features, in_features) in projections(model.config).items():
         check_shape(out_features, in_features, name)
+
+
+def projections(c: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Each linear layer's [out, in] after the fast rewrite's fusing."""
+    q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    return {"the fused q/k/v projection": (q_width + 2 * kv_width, c.hidden_size), "o_proj": (c.hidden_size, q_width),
+            "the fused gate/up projection": (2 * c.intermediate_size, c.hidden_size),
+            "down_proj": (c.hidden_size, c.intermediate_size), "the LM head": (c.vocab_size, c.hidden_size)}
+
+
+def linear_weights(config: ModelConfig) -> int:
+    """How many weights the linear layers hold (the blocks' and the LM head's): what nf4 rounds."""
+    head = config.vocab_size * config.hidden_size
+    return head + config.num_layers * sum(out * in_ for name, (out, in_) in projections(config).items()
+                                          if name != "the LM head")
+
+
+def fits(config: ModelConfig) -> bool:
+    """Whether the kernel runs here and takes every projection of a model with `config`."""
+    return available() and all(out % TILE == 0 and in_ % BLOCK == 0 for out, in_ in projections(config).values())
