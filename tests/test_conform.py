@@ -255,3 +255,42 @@ def test_vllm_decides_a_batch_as_each_row_alone_and_greedy_rows_take_the_argmax(
     argmax = greedy.target_logits.argmax(-1).tolist()
     n = alone[0].num_accepted
     assert greedy.draft_tokens[:n].tolist() == argmax[:n] and alone[0].next_token == argmax[n]
+
+
+def eagle_stand_in(bonus_processed: bool):
+    """A stand-in for eagle.model.utils with evaluate_posterior's signature and documented behaviour on
+    one path (eagle_engine.py's docstring): the processed target judges each draft with Python's
+    random.random(), a rejection returns the residual, the last draft the bonus row's law, processed
+    (bonus_processed) or raw softmax as eagle-llm 1.2.1 returns it."""
+    import random
+    import types
+
+    def evaluate_posterior(logits, candidates, processor, cart_prob, op, p_indices, tree_candidates, b_indices):
+        if processor is None:
+            n = int(torch.cumprod((candidates[0, 1:] == logits[0, :-1].argmax(-1)).int(), 0).sum())
+            return torch.tensor(0), n, logits[0, n]
+        for i in range(1, candidates.shape[1]):
+            p = torch.softmax(processor(None, logits[0, i - 1][None])[0], dim=0)
+            if random.random() > p[candidates[0, i]] / cart_prob[0, i]:
+                residual = (p - op[i - 1][p_indices[0][i]]).clamp(min=0)
+                return torch.tensor(0), i - 1, residual / residual.sum()
+        last = logits[0, -1][None]
+        return torch.tensor(0), candidates.shape[1] - 1, torch.softmax(
+            (processor(None, last) if bonus_processed else last)[0], dim=0)
+
+    return types.SimpleNamespace(evaluate_posterior=evaluate_posterior)
+
+
+@pytest.mark.parametrize("bonus_processed", [True, False], ids=["as-documented", "raw-bonus"])
+def test_the_eagle_adapter_passes_a_correct_stand_in_and_fails_the_raw_bonus(monkeypatch, bonus_processed):
+    """The EAGLE adapter's plumbing (probabilities, op, seeding both global states) against a stand-in
+    with EAGLE's interface: lossless and seeded when the bonus is processed; EAGLE 1.2.1's raw bonus
+    fails both_sides_processed (the real package's verdicts: docs/conformance.md)."""
+    from minispec.testing.conform import eagle_engine as adapter
+
+    monkeypatch.setattr(adapter, "modules", lambda package, names: {"utils": eagle_stand_in(bonus_processed)})
+    monkeypatch.setattr(adapter, "version", lambda distribution: "stand-in")
+    got = statuses(conform(adapter.eagle_engine(), QUICK, only=("claimed_distribution", "both_sides_processed",
+                                                                  "greedy", "seeded")))
+    want = "pass" if bonus_processed else "FAIL"
+    assert got == {"claimed_distribution": "pass", "both_sides_processed": want, "greedy": "pass", "seeded": "pass"}

@@ -90,13 +90,16 @@ def ensemble(weight: float):
     return lambda p, q: (1 - weight) * q + weight * p
 
 
-def sampler_step(sampler, inp: StepInput, ensemble_weight: float | None = None,
-                 warp_target: bool = True, warp_draft: bool = True, seeded: bool = True) -> StepOutput:
+def sampler_step(sampler, inp: StepInput, ensemble_weight: float | None = None, warp_target: bool = True,
+                 warp_draft: bool = True, warp_bonus: bool = True, seeded: bool = True) -> StepOutput:
     """One call of a sampler with transformers' signature on the contract's tensors. The global
     random state is seeded from the step's generator and restored afterwards (seeded=False: the
-    sampler draws from the global state as it stands, as a caller that forgets to seed it)."""
+    sampler draws from the global state as it stands, as a caller that forgets to seed it).
+    warp_bonus=False: the target's last row (the bonus position) is passed raw, unwarped."""
     gamma = inp.gamma
     target = warp(inp.target_logits, inp) if warp_target else inp.target_logits  # [gamma+1, V]
+    if not warp_bonus:
+        target = torch.cat([target[:gamma], inp.target_logits[gamma:]])
     draft = warp(inp.draft_logits, inp) if warp_draft else inp.draft_logits  # [gamma, V]
     candidates = torch.cat([torch.zeros(1, dtype=torch.long), inp.draft_tokens])[None]  # [1, 1 + gamma]
     if not seeded:

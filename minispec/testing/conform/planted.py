@@ -36,6 +36,9 @@ PLANTS = (
           "q = candidate_logits.to(torch.bfloat16).softmax(dim=-1).float()"),
     Plant("draft-not-warped", "temperature and top-k/top-p applied to the target's logits only",
           "lattice #388, vLLM #10198", "both_sides_processed", step_options={"warp_draft": False}),
+    Plant("bonus-not-warped", "the bonus token after the last draft drawn from the raw logits: temperature and "
+          "top-k/top-p skipped at that position", "eagle-llm 1.2.1 (docs/conformance.md)", "both_sides_processed",
+          step_options={"warp_bonus": False}),
     Plant("never-samples", "the correction taken as the residual's argmax: no sampling at T > 0",
           "mistral.rs #2424", "claimed_distribution",
           "t = torch.multinomial(p_prime, num_samples=1).squeeze(1)[None, :]",
