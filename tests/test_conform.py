@@ -294,3 +294,47 @@ def test_the_eagle_adapter_passes_a_correct_stand_in_and_fails_the_raw_bonus(mon
                                                                   "greedy", "seeded")))
     want = "pass" if bonus_processed else "FAIL"
     assert got == {"claimed_distribution": "pass", "both_sides_processed": want, "greedy": "pass", "seeded": "pass"}
+
+
+def sglang_stand_in(cdf_off_by_one: bool = False):
+    """A stand-in for SGLang's reject_sampling.py: chain_speculative_sampling_triton's arguments and
+    documented effect (sglang_engine.py's docstring), token-level, in plain torch: draft j kept while
+    coin_{j-1} q(d_j) < p(d_j); each kept draft, then the final token, written at the row's
+    retrive_index slots; the final token drawn by inverting the CDF of p (all kept) or of max(0, p - q)
+    at the final coin. cdf_off_by_one: the token after the one the coin lands on (a planted slip)."""
+    import types
+
+    def chain(predicts, accept_index, accept_token_num, candidates, retrive_index, _next, _sibling, coins,
+              final_coins, target_probs, draft_probs, _t1, _t2, _deterministic, *, block_verification=False):
+        slots = candidates.shape[1]
+        for b in range(candidates.shape[0]):
+            n, last = 0, int(retrive_index[b, 0])
+            for step in range(1, slots):
+                d = int(candidates[b, step])
+                p, q = target_probs[b, step - 1, d], draft_probs[b, step - 1, d]
+                if not (0 < q <= 1 and coins[b, step - 1] * q < p):
+                    break
+                predicts[last], last, n = d, int(retrive_index[b, step]), n + 1
+            accept_token_num[b] = n
+            law = target_probs[b, n] if n == slots - 1 else (target_probs[b, n] - draft_probs[b, n]).clamp(min=0)
+            cdf = law.cumsum(0)
+            token = int((cdf > final_coins[b] * cdf[-1]).nonzero()[0])
+            predicts[last] = min(token + cdf_off_by_one, law.shape[0] - 1)
+
+    return types.SimpleNamespace(chain_speculative_sampling_triton=chain)
+
+
+@pytest.mark.parametrize("slip", [False, True], ids=["as-documented", "cdf-off-by-one"])
+def test_the_sglang_adapter_passes_a_correct_stand_in_and_fails_a_slipped_one(monkeypatch, slip):
+    """The SGLang adapter's bookkeeping (slots, retrive_index, per-row coins, where the final token is
+    read) against a stand-in kernel: lossless, greedy, seeded and batch-independent as documented; a
+    final draw one token off fails the claimed distribution (the real kernel's verdicts:
+    docs/conformance.md)."""
+    from minispec.testing.conform import sglang_engine as adapter
+
+    monkeypatch.setattr(adapter, "reject_sampling_module", lambda: sglang_stand_in(slip))
+    monkeypatch.setattr(adapter, "version", lambda distribution: "stand-in")
+    got = statuses(conform(adapter.sglang_engine(), QUICK, only=("claimed_distribution", "greedy", "seeded",
+                                                                 "batch_independent")))
+    assert got == {"claimed_distribution": "FAIL" if slip else "pass", "greedy": "FAIL" if slip else "pass",
+                   "seeded": "pass", "batch_independent": "pass"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import os
+import sys
 
 from minispec.errors import MinispecError
 
@@ -35,3 +37,15 @@ def modules(package: str, names: dict[str, str]) -> dict:
         return {key: importlib.import_module(name) for key, name in names.items()}
     except ImportError as err:
         raise MinispecError(f"{package}: cannot import it ({type(err).__name__}: {err}); {INSTALL}") from None
+
+
+def triton_on_cpu(package: str) -> None:
+    """Make Triton run its kernels on CPU tensors: TRITON_INTERPRET=1 and an empty CUDA_VISIBLE_DEVICES
+    (unless already set), before Triton's first import, which is when it reads them. Where Triton (or
+    `package`) was imported before without it, one line asking for it in the environment."""
+    early = [m for m in ("triton", package) if m in sys.modules]
+    if early and os.environ.get("TRITON_INTERPRET") != "1":
+        raise MinispecError(f"{package}: {early[0]} was imported before TRITON_INTERPRET=1 was set, so its Triton "
+                            "kernels cannot run on the CPU; set TRITON_INTERPRET=1 in the environment")
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

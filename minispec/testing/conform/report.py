@@ -3,6 +3,8 @@
     python -m minispec.testing.conform transformers transformers:w=0.5 minispec:sampling
     python -m minispec.testing.conform vllm vllm:no-probs      vLLM's rejection sampler with and without draft
                                                                probabilities, where installed (docs/conformance.md)
+    python -m minispec.testing.conform sglang sglang:block     SGLang's chain rejection sampler, token-level and
+                                                               block verification, where installed
     python -m minispec.testing.conform lmdeploy litgpt medusa eagle
                                                                lmdeploy's portable rejection sampler, litgpt's whole
                                                                speculative step, Medusa's typical acceptance, EAGLE's
@@ -15,7 +17,7 @@ Exit status: 0 when every engine keeps every invariant (and, with --planted, eve
 caught by the invariant meant for it); 1 otherwise; 2 for a bad ENGINE or flag (one line).
     python -m minispec.testing.conform mypackage.mymodule:engine   your own Engine (or a function returning one)
 
-Engines: `vllm`, `vllm:no-probs`, `lmdeploy`, `litgpt`, `medusa`, `eagle`, `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
+Engines: `vllm`, `vllm:no-probs`, `sglang`, `sglang:block`, `lmdeploy`, `litgpt`, `medusa`, `eagle`, `transformers`, `transformers:w=W` (assistant_ensemble_weight W in (0, 1)),
 `sample-then-match`, `minispec:NAME` or `minispec:NAME:key=value,...` (a registered policy and its options), or
 `module:attribute` naming an Engine. --delta sets the bias of total variation each statistical
 check must detect 99% of the time (smaller: more samples, more minutes); --only runs the
@@ -38,6 +40,7 @@ from minispec.testing.conform.engines import (NEEDS_THE_HEAD, minispec_engine, s
                                                transformers_engine)
 from minispec.testing.conform.invariants import INVARIANTS, Budget, Verdict, conform
 from minispec.testing.conform.planted import PLANTS, planted_engine
+from minispec.testing.conform.sglang_engine import sglang_engine
 from minispec.testing.conform.eagle_engine import eagle_engine
 from minispec.testing.conform.litgpt_engine import litgpt_engine
 from minispec.testing.conform.lmdeploy_engine import lmdeploy_engine
@@ -48,7 +51,8 @@ PROG = "minispec.testing.conform"
 # name -> (package, factory); the factory raises a MinispecError (one line) where the package is missing
 PUBLIC_ENGINES = {"vllm": ("vllm", vllm_engine), "vllm:no-probs": ("vllm", lambda: vllm_engine(draft_probs=False)),
                   "lmdeploy": ("lmdeploy", lmdeploy_engine), "litgpt": ("litgpt", litgpt_engine),
-                  "medusa": ("medusa", medusa_engine), "eagle": ("eagle", eagle_engine)}
+                  "medusa": ("medusa", medusa_engine), "eagle": ("eagle", eagle_engine),
+                  "sglang": ("sglang", sglang_engine), "sglang:block": ("sglang", lambda: sglang_engine(block=True))}
 
 
 def installed_engines() -> list[Engine]:

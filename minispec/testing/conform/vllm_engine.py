@@ -36,8 +36,6 @@ Running it on a CPU (vLLM's wheels are CUDA builds; the sampler is Triton):
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Sequence
 
 import torch
@@ -45,18 +43,13 @@ import torch
 from minispec.errors import MinispecError
 from minispec.testing.conform.contract import Engine, StepInput, StepOutput, lossless, overlap
 from minispec.testing.conform.engines import matching
-from minispec.testing.conform.public import modules, need, version
+from minispec.testing.conform.public import modules, need, triton_on_cpu, version
 
 
 def vllm_modules() -> dict:
     """vLLM's modules the adapter calls, imported for a CPU (module docstring); one line if missing."""
     need("vllm")
-    early = [m for m in ("triton", "vllm") if m in sys.modules]
-    if early and os.environ.get("TRITON_INTERPRET") != "1":  # Triton reads it when it is first imported
-        raise MinispecError(f"vllm: {early[0]} was imported before TRITON_INTERPRET=1 was set, so vLLM's Triton "
-                            "kernels cannot run on the CPU; set TRITON_INTERPRET=1 in the environment")
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before vLLM's first import: its kernels are made then
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    triton_on_cpu("vllm")  # before vLLM's first import: its kernels are made then
     found = modules("vllm", {"rejection": "vllm.v1.sample.rejection_sampler", "sampler": "vllm.v1.sample.sampler",
              "metadata": "vllm.v1.sample.metadata", "spec": "vllm.v1.spec_decode.metadata",
              "processors": "vllm.v1.sample.logits_processor", "filters": "vllm.v1.sample.ops.topk_topp_sampler"})
