@@ -5,6 +5,7 @@ The budget here is smaller than the report's (a bias of total variation 0.15 ins
 the suite stays fast; each statistical verdict still carries the power it had at that size."""
 
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -338,3 +339,26 @@ def test_the_sglang_adapter_passes_a_correct_stand_in_and_fails_a_slipped_one(mo
                                                                  "batch_independent")))
     assert got == {"claimed_distribution": "FAIL" if slip else "pass", "greedy": "FAIL" if slip else "pass",
                    "seeded": "pass", "batch_independent": "pass"}
+
+
+def test_triton_on_cpu_sets_the_interpreter_before_triton_and_refuses_after(monkeypatch):
+    """public.triton_on_cpu: TRITON_INTERPRET=1 and an empty CUDA_VISIBLE_DEVICES where unset; where
+    Triton (or the package) is already imported without the interpreter, one line naming the package."""
+    import types
+
+    from minispec.errors import MinispecError
+    from minispec.testing.conform.public import triton_on_cpu
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.delitem(sys.modules, "sglang", raising=False)
+    triton_on_cpu("sglang")
+    assert (os.environ["TRITON_INTERPRET"], os.environ["CUDA_VISIBLE_DEVICES"]) == ("1", "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    triton_on_cpu("sglang")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"  # a setting of the user's is kept
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
+    with pytest.raises(MinispecError, match=r"^sglang: triton was imported before TRITON_INTERPRET=1 was set"):
+        triton_on_cpu("sglang")
