@@ -141,7 +141,8 @@ def test_the_command_names_a_bad_engine_in_one_line(capsys):
                          (["minispec:dropmatch"], "re-runs the LM head"), (["transformers:w=2"], "0 < W < 1"),
                          (["minispec:lenience:beta"], "is not key=value"), ([], "name an ENGINE"),
                          (["minispec:sampling", "--only", "seeded,nosuch"], "'nosuch' is not an invariant"),
-                         (["--planted", "--only", "seeded"], "--only: not with --planted")):
+                         (["--planted", "--only", "seeded"], "--only: not with --planted"),
+                         (["--power", "--planted"], "--power: alone"), (["--power", "transformers"], "--power: alone")):
         with pytest.raises(SystemExit) as exit_info:
             sys.exit(main(argv))
         assert exit_info.value.code == 2
@@ -362,3 +363,23 @@ def test_triton_on_cpu_sets_the_interpreter_before_triton_and_refuses_after(monk
     monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
     with pytest.raises(MinispecError, match=r"^sglang: triton was imported before TRITON_INTERPRET=1 was set"):
         triton_on_cpu("sglang")
+
+
+def test_samples_to_catch_is_the_first_n_with_99_percent_power_to_within_its_bisection():
+    """power.samples_to_catch: at the N it returns, chi_square rejects draws from the law 99% of the
+    time, and within its bisection's step below N (1/64 of N) some sample size does not (the same
+    simulated samples: power in N is monotone only on average); a law equal to the claim is never
+    caught (false alarms stay near alpha)."""
+    from minispec.testing.conform import stats
+    from minispec.testing.conform.power import samples_to_catch
+
+    claim = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    law = stats.tilt(claim, 0.1)
+
+    def rate(n: int) -> float:
+        return stats.rejection_rate(law, claim, n, stats.REPS, torch.Generator().manual_seed(0))
+
+    n = samples_to_catch(law, claim)
+    assert n is not None and rate(n) >= stats.MIN_POWER
+    assert any(rate(m) < stats.MIN_POWER for m in range(n - max(1, n // 64), n))
+    assert samples_to_catch(claim, claim, limit=512) is None

@@ -12,6 +12,7 @@
     python -m minispec.testing.conform all                     transformers (plain, w = 0.5), sample-then-match, every minispec
                                                                policy, and each public engine installed (one line for each not)
     python -m minispec.testing.conform --planted               each planted bug class: caught, and by what
+    python -m minispec.testing.conform --power                 the steps each planted class needs to be caught
 
 Exit status: 0 when every engine keeps every invariant (and, with --planted, every planted bug is
 caught by the invariant meant for it); 1 otherwise; 2 for a bad ENGINE or flag (one line).
@@ -40,6 +41,7 @@ from minispec.testing.conform.engines import (NEEDS_THE_HEAD, minispec_engine, s
                                                transformers_engine)
 from minispec.testing.conform.invariants import INVARIANTS, Budget, Verdict, conform
 from minispec.testing.conform.planted import PLANTS, planted_engine
+from minispec.testing.conform.power import power_table
 from minispec.testing.conform.sglang_engine import sglang_engine
 from minispec.testing.conform.eagle_engine import eagle_engine
 from minispec.testing.conform.litgpt_engine import litgpt_engine
@@ -159,14 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("engines", nargs="*", metavar="ENGINE", help="engines to test (see the module docstring)")
     parser.add_argument("--planted", action="store_true", help="run the suite on each planted bug class")
+    parser.add_argument("--power", action="store_true",
+                        help="for each planted bug class a chi-square invariant catches: the steps it needs to catch "
+                             "it 99%% of the time, beside the suite's own (minispec.testing.conform.power)")
     parser.add_argument("--delta", type=ranged(float, "--delta", lo=0.01, hi=0.25), default=0.05,
                         help="the total variation each statistical check must detect 99%% of the time")
     parser.add_argument("--seed", type=ranged(int, "--seed", lo=0), default=0, help="draws the fixed steps and samples")
     parser.add_argument("--only", type=invariant_list, default=(), metavar="INVARIANT,...",
                         help="run these invariants only (default: every one)")
     args = parser.parse_args(argv)
-    if not args.engines and not args.planted:
-        parser.error("name an ENGINE (or all), or give --planted")
+    if not args.engines and not args.planted and not args.power:
+        parser.error("name an ENGINE (or all), or give --planted or --power")
+    if args.power and (args.engines or args.planted or args.only):
+        parser.error("--power: alone (it estimates each planted bug's law; no ENGINE, --planted or --only)")
     if args.only and args.planted:
         parser.error("--only: not with --planted (each planted bug is judged by the whole suite)")
 
@@ -183,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
             failed = any(not v.passed for vs in results.values() for v in vs)
             print(verdict_table(results) + evidence(results))
+        if args.power:
+            print(power_table(budget))
         if args.planted:
             table, all_caught = planted_table(budget)
             print(table)
