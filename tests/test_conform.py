@@ -383,3 +383,65 @@ def test_samples_to_catch_is_the_first_n_with_99_percent_power_to_within_its_bis
     assert n is not None and rate(n) >= stats.MIN_POWER
     assert any(rate(m) < stats.MIN_POWER for m in range(n - max(1, n // 64), n))
     assert samples_to_catch(claim, claim, limit=512) is None
+
+
+def test_the_power_command_runs_end_to_end_and_each_figure_is_its_definition(monkeypatch, capsys):
+    """`--power` on two plants (a chi-square catch, an exact one) with a small estimate: exit 0, one
+    row each; the row's figures recomputed from their definitions: cells = V^(gamma+1) of the
+    invariant's setting, the TV between the observed law (the same seeded run of `observe`) and the
+    claim, N_99 by samples_to_catch on that law, the suite's N by stats.samples_for_power."""
+    from minispec.testing.conform import planted, power, report, stats
+    from minispec.testing.conform.invariants import observe, sequence_probs, settings
+
+    plants = [p for p in planted.PLANTS if p.name in ("draft-not-warped", "global-state-unseeded")]
+    monkeypatch.setattr(power, "PLANTS", plants)
+    monkeypatch.setattr(power, "SAMPLES", 2048)
+    assert report.main(["--power", "--delta", "0.15"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| `")]
+    assert rows[1] == "| `global-state-unseeded` | seeded | | | exact check | |"
+    budget = Budget(delta=0.15)
+    engine, setting = planted.planted_engine(plants[0]), settings(budget.seed)["processed"]
+    claim = sequence_probs(engine, setting)
+    law = observe(engine, setting, 2048, budget.seed + 7)[0].double() / 2048
+    want = (f"| `draft-not-warped` | both_sides_processed | {5 ** 2} | {0.5 * float((law - claim).abs().sum()):.3f} | "
+            f"{power.samples_to_catch(law, claim):,} | "
+            f"{stats.samples_for_power(claim, 0.15, budget.start, budget.limit, budget.seed)[0]:,} |")
+    assert rows[0] == want
+
+
+def test_samples_to_catch_refuses_what_is_not_two_distributions_over_the_same_cells():
+    from minispec.errors import MinispecError
+    from minispec.testing.conform.power import samples_to_catch
+
+    claim = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    for law, limit, needle in ((torch.tensor([0.5, float("nan")]), 64, "law: holds a negative, nan"),
+                               ([0.5, 0.5], 64, "law: list"), (torch.tensor([0.2, 0.3, 0.5]), 64, "same cells"),
+                               (torch.tensor([[0.5, 0.5]]), 64, "same cells"), (claim, 4, "limit = 4"),
+                               (claim, 8.5, "limit = 8.5")):
+        with pytest.raises(MinispecError, match=needle):
+            samples_to_catch(law, claim, limit=limit)
+
+
+@pytest.mark.parametrize("adapter_name", ["eagle", "sglang"])
+def test_an_adapter_whose_package_raises_is_a_fail_verdict_naming_it(monkeypatch, adapter_name):
+    """The public code raising inside a step (a changed signature, a bad tensor) is a FAIL verdict naming
+    the engine and the error, never a crash of the suite."""
+    import types
+
+    def raises(*args, **kwargs):
+        raise RuntimeError("expected 8 arguments")
+
+    if adapter_name == "eagle":
+        from minispec.testing.conform import eagle_engine as adapter
+        monkeypatch.setattr(adapter, "modules", lambda package, names: {
+            "utils": types.SimpleNamespace(evaluate_posterior=raises)})
+        engine_of = adapter.eagle_engine
+    else:
+        from minispec.testing.conform import sglang_engine as adapter
+        monkeypatch.setattr(adapter, "reject_sampling_module",
+                            lambda: types.SimpleNamespace(chain_speculative_sampling_triton=raises))
+        engine_of = adapter.sglang_engine
+    monkeypatch.setattr(adapter, "version", lambda distribution: "stand-in")
+    verdicts = conform(engine_of(), QUICK, only=("greedy", "claimed_distribution"))
+    assert {v.status for v in verdicts} == {"FAIL"}
+    assert all(f"{adapter_name} stand-in" in v.evidence and "expected 8 arguments" in v.evidence for v in verdicts)

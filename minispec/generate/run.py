@@ -138,23 +138,19 @@ def load(args: GenerateArgs):
     else:
         ckpt = resolve_checkpoint(args.ckpt, args.revision, what="--ckpt")
 
-    dtype = _auto_weights(args, ckpt, device)[0] if DTYPES[args.dtype] == "auto" else getattr(torch, DTYPES[args.dtype])
+    if DTYPES[args.dtype] != "auto":
+        dtype = getattr(torch, DTYPES[args.dtype])
+    elif args.kernels == "auto":  # the weights too: nf4 (loaded in float32) where it runs and pays
+        from minispec.model.config import ModelConfig
+
+        dtype = kernels.auto_weights(ModelConfig.from_hf(ckpt), device)[0]
+    else:
+        dtype = kernels.auto_dtype(device)
     model = load_model(ckpt, dtype=dtype, device=device)
     tokenizer = load_tokenizer(ckpt)
     check_tokenizer_fits(tokenizer, model, ckpt)
     drafter = _drafter(args, model, tokenizer)  # before the kernels: a self-draft copies the loaded weights
     return model, tokenizer, drafter, ckpt
-
-
-def _auto_weights(args: GenerateArgs, ckpt: Path, device) -> tuple:
-    """--dtype auto: (the dtype to load, the kind to apply or "auto"); with --kernels auto the fastest
-    weights whose quality holds here (kernels.auto_weights: nf4 where it runs), else auto_dtype's."""
-    from minispec import kernels
-    from minispec.model.config import ModelConfig
-
-    if args.kernels != "auto":
-        return kernels.auto_dtype(device), args.kernels
-    return kernels.auto_weights(ModelConfig.from_hf(ckpt), device)
 
 
 def _draft_length(args: GenerateArgs, model, drafter):
@@ -178,7 +174,9 @@ def _apply_kernels(args: GenerateArgs, model, drafter, ckpt: Path) -> dict:
     from minispec import kernels
 
     auto = args.kernels == "auto"  # kernels.auto_kind: the fastest kind that keeps the weights
-    kind = _auto_weights(args, ckpt, model.device)[1] if auto and DTYPES[args.dtype] == "auto" else args.kernels
+    kind = args.kernels
+    if auto and DTYPES[args.dtype] == "auto":  # --dtype auto chose the weights: nf4, or "auto" for auto_kind
+        kind = kernels.auto_weights(model.config, model.device)[1]
     kind = kernels.auto_kind(model) if kind == "auto" else kind
     kernels.apply(model, kind, checkpoint=ckpt)
     draft_model = None if drafter is None else drafter.model

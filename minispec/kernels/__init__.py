@@ -70,7 +70,8 @@ def auto_weights(config: ModelConfig, device: torch.device | str = "cpu") -> tup
     and the model has at least NF4_MIN_WEIGHTS linear weights, loaded in float32 (the weights it
     quantizes): the Qwen2.5-Coder 1.5B keeps its HumanEval pass@1 within 3 points of float32's in nf4
     (docs/benchmarks.md), while a small model loses more to 4-bit weights (SmolLM2-135M's nf4 greedy
-    text leaves float32's about five times sooner, and not at near-ties: the same page). Elsewhere auto_dtype() and "auto", for auto_kind to choose on the loaded model."""
+    text leaves float32's several times sooner, and not at near-ties: the same page). Elsewhere
+    auto_dtype() and "auto", for auto_kind to choose on the loaded model."""
     if torch.device(device).type == "cpu" and nf4.fits(config) and nf4.linear_weights(config) >= NF4_MIN_WEIGHTS:
         return torch.float32, "nf4"
     return auto_dtype(device), "auto"

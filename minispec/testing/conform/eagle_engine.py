@@ -45,10 +45,11 @@ def eagle_engine() -> Engine:
         if inp.temperature == 0:
             _, n, chosen = evaluate_posterior(logits, candidates, None, None, None, None, None, None)
             return StepOutput(int(n), int(torch.argmax(chosen)))
+
         def processor(_ids, rows: torch.Tensor) -> torch.Tensor:  # [rows, V] -> log of the processed law
             return logits_to_probs(rows, inp.params).log()
 
-        q_draft = torch.softmax(processor(None, inp.draft_logits.float()), dim=-1)  # [gamma, V], as cnets' sample
+        q_draft = inp.q_draft.float()  # [gamma, V]: the processed draft law the drafts came from (cnets' sample)
         q_drafted = q_draft.gather(1, inp.draft_tokens[:, None])[:, 0]  # [gamma]
         cart_candidates_prob = torch.cat([torch.ones(1), q_drafted])[None]  # [1, 1 + gamma]
         op = [q_draft[i][None] for i in range(gamma)]  # per depth: [1 node, V]

@@ -8,10 +8,10 @@ suite counts them), and then
            at alpha = ALPHA in at least MIN_POWER of REPS simulated samples
 
 found by doubling from 8 and bisecting. The estimate carries its own noise (a cell of mass m is
-off by about sqrt(m / samples)); against the plants' biases here (total variation 0.1 and more)
+off by about sqrt(m / samples)); against the plants' biases here (total variation 0.07 and more)
 that moves N_99 little, and `samples` is reported beside it. The suite's own N is what its
 control needs against a bias of total variation `delta` in the direction hardest for the test
-(stats.tilt): a bound for any bug of that size, so it exceeds each plant's N_99.
+(stats.tilt): enough for any bug of that size, so a plant with a larger bias needs fewer.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
+from minispec import checks
+from minispec.errors import MinispecError
 from minispec.testing.conform import stats
 from minispec.testing.conform.invariants import Budget, observe, sequence_probs, settings
 from minispec.testing.conform.planted import PLANTS, Plant, planted_engine
 
+SAMPLES = 65536  # steps of a planted engine that estimate its law
 SETTING_OF = {"claimed_distribution": "claimed", "both_sides_processed": "processed", "judged_as_sampled": "rounding"}
 
 
@@ -39,7 +42,15 @@ class Power:
 
 
 def samples_to_catch(law: torch.Tensor, claim: torch.Tensor, seed: int = 0, limit: int = 2**21) -> int | None:
-    """N_99 (module docstring) for draws from `law` tested against `claim`; None if above `limit`."""
+    """N_99 (module docstring) for draws from `law` tested against `claim`, two distributions over
+    the same cells; None if above `limit` (at least 8)."""
+    law, claim = checks.distribution(law, "samples_to_catch: law"), checks.distribution(claim, "samples_to_catch: claim")
+    if law.dim() != 1 or law.shape != claim.shape:
+        raise MinispecError(f"samples_to_catch: law {list(law.shape)} and claim {list(claim.shape)}; expected two "
+                            "distributions over the same cells, [cells] each")
+    if not (checks.is_int(limit) and limit >= 8):
+        raise MinispecError(f"samples_to_catch: limit = {limit!r}; expected an integer >= 8")
+
     def caught(n: int) -> bool:
         rate = stats.rejection_rate(law, claim, n, stats.REPS, torch.Generator().manual_seed(seed))
         return rate >= stats.MIN_POWER
@@ -55,7 +66,7 @@ def samples_to_catch(law: torch.Tensor, claim: torch.Tensor, seed: int = 0, limi
     return high
 
 
-def plant_power(plant: Plant, budget: Budget = Budget(), samples: int = 65536) -> Power | None:
+def plant_power(plant: Plant, budget: Budget = Budget(), samples: int = SAMPLES) -> Power | None:
     """N_99 for a plant caught by a chi-square invariant (None for one caught by an exact check)."""
     name = SETTING_OF.get(plant.catches)
     if name is None:
@@ -69,7 +80,9 @@ def plant_power(plant: Plant, budget: Budget = Budget(), samples: int = 65536) -
                  samples_to_catch(law, claim, budget.seed), suite, samples)
 
 
-def power_table(budget: Budget = Budget(), samples: int = 65536) -> str:
+def power_table(budget: Budget = Budget(), samples: int | None = None) -> str:
+    """--power's table: one row per plant (module docstring); `samples` defaults to SAMPLES."""
+    samples = SAMPLES if samples is None else samples
     rows = ["| planted | invariant | cells | TV to the claim (estimated) | steps to catch 99% (alpha "
             f"{stats.ALPHA:g}) | the suite's steps at delta {budget.delta} |", "|---|---|---|---|---|---|"]
     for plant in PLANTS:

@@ -50,12 +50,13 @@ def reject_sampling_module():
     """SGLang's reject_sampling.py loaded alone (module docstring); one line where it cannot be."""
     need("sglang")
     triton_on_cpu("sglang")
-    path = Path(importlib.util.find_spec("sglang").origin).parent / KERNEL_FILE
     name = "sglang_reject_sampling"
     if name in sys.modules:
         return sys.modules[name]
+    origin = importlib.util.find_spec("sglang").origin  # None for a namespace package: no sglang install
+    path = Path(origin or ".").parent / KERNEL_FILE
     spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or not path.is_file():
+    if origin is None or spec is None or not path.is_file():
         raise MinispecError(f"sglang: {path} not found; expected SGLang 0.5.23's kernel file; {INSTALL}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # Triton reads a kernel's source through its module
