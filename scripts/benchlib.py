@@ -8,7 +8,7 @@ Each `scripts/bench_*.py` answers one question and imports this module (it sits 
     the record   run_record(prog, argv, ckpt)                 commit, versions, checkpoint, command, machine
     models       load_minispec(ckpt, dtype, kernels)          a minispec model for one kernels kind
                  load_format(prog, ckpt, name)                one weight format (FORMATS), or None here
-                 load_transformers(ckpt, dtype), hf_generate  transformers' generate, plain or prompt lookup
+                 load_transformers(ckpt, dtype), hf_generate  transformers' generate, plain, prompt lookup or assisted
     outputs      write_outputs(out, name, result, markdown)   out/<name>/<name>.json and .md (git-ignored)
     llama.cpp    llama_ggufs, llama_plain_tps, llama_speculative   its own programs on the same GGUF files
     flags        script_parser, number_list, name_list        on top of minispec.cli
@@ -421,11 +421,12 @@ FORMATS = {  # a weight format: name -> (the dtype loaded, the minispec.kernels 
     "fp16": (torch.float32, "fp16"), "int8-dynamic": (torch.float32, "int8-dynamic"),
     "int8": (torch.bfloat16, "int8"), "reference-bfloat16": (torch.bfloat16, "reference"),
     "reference-float32": (torch.float32, "reference"), "nf4": (torch.float32, "nf4"),
-    "nf4-compiled": (torch.float32, "nf4-compiled"),
+    "nf4-compiled": (torch.float32, "nf4-compiled"), "compiled-float32": (torch.float32, "compiled"),
+    "compiled-bfloat16": (torch.bfloat16, "compiled"),
 }
 BYTES_PER_WEIGHT = {"fast-float32": 4, "fast-bfloat16": 2, "fp16": 2, "int8-dynamic": 1, "int8": 1,
                     "reference-bfloat16": 2, "reference-float32": 4, "nf4": 17 / 32,  # nf4: 4 bits + a bf16 per 64
-                    "nf4-compiled": 17 / 32}
+                    "nf4-compiled": 17 / 32, "compiled-float32": 4, "compiled-bfloat16": 2}
 
 
 def load_format(prog: str, folder: Path, name: str):
@@ -508,17 +509,20 @@ def load_transformers(ckpt: Path, dtype: torch.dtype):
 
 
 def hf_generate(hf_model, ids: list[int], max_new_tokens: int, eos: Sequence[int], *, temperature: float = 0.0,
-                seed: int = 0, prompt_lookup: int | None = None) -> tuple[list[int], float]:
+                seed: int = 0, prompt_lookup: int | None = None, assistant=None) -> tuple[list[int], float]:
     """transformers' generate on the same prompt ids, eos and sampling as minispec's: (tokens, seconds).
 
     eos = [] decodes exactly `max_new_tokens` (min_new_tokens forbids eos), as minispec does with
     eos_token_ids=[]. prompt_lookup = gamma: its prompt-lookup assisted generation with that many
-    candidate tokens. temperature > 0: plain sampling (no top-k, no top-p), seeded.
+    candidate tokens; assistant = a draft model: its assisted generation (its default schedule).
+    temperature > 0: plain sampling (no top-k, no top-p), seeded.
     """
     x = torch.tensor([ids])  # [1, T]
     options = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
     if prompt_lookup is not None:
         options["prompt_lookup_num_tokens"] = prompt_lookup
+    if assistant is not None:
+        options["assistant_model"] = assistant
     if eos:
         options.update(eos_token_id=list(eos), pad_token_id=eos[0])
     else:

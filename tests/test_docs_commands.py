@@ -28,7 +28,7 @@ COMMANDS = documented()
 
 
 def test_the_docs_name_commands():
-    assert "scripts/speed/bench_pair.py" in COMMANDS and "-m minispec.generate" in COMMANDS
+    assert "scripts/speed/bench_formats.py" in COMMANDS and "-m minispec.generate" in COMMANDS
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -96,13 +96,13 @@ def test_list_flags_keep_order_drop_repeats_and_reject_bad_items():
 
 def test_run_record_names_the_code_the_checkpoint_and_the_machine(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}')
-    record = benchlib.finish_record(benchlib.run_record("bench_speed", ["--prompts", "2", "a b"], tmp_path))
-    assert record["command"] == "python scripts/speed/bench_speed.py --prompts 2 'a b'"
+    record = benchlib.finish_record(benchlib.run_record("bench_formats", ["--prompts", "2", "a b"], tmp_path))
+    assert record["command"] == "python scripts/speed/bench_formats.py --prompts 2 'a b'"
     assert record["checkpoint"]["architecture"] == "Qwen3ForCausalLM" and record["checkpoint"]["name"] == tmp_path.name
     assert record["torch"] == torch.__version__ and record["machine"]["cores"] >= 1 and record["wall_seconds"] >= 0
     assert "_t0" not in record
     text = benchlib.record_markdown(record)
-    assert "`python scripts/speed/bench_speed.py --prompts 2 'a b'`" in text and "Qwen3ForCausalLM" in text
+    assert "`python scripts/speed/bench_formats.py --prompts 2 'a b'`" in text and "Qwen3ForCausalLM" in text
 
 
 def test_memory_child_reports_the_rise_of_a_real_generation(real_ckpt, tmp_path):

@@ -1,6 +1,6 @@
 """benchlib's llama.cpp runners on stand-in programs: the folder check, and what is read from the
 programs' output (llama-bench's JSON, the speculative example's log). The real programs are
-measured by scripts/speed/bench_formats.py and bench_pair.py --llama-cpp."""
+measured by scripts/speed/bench_formats.py --llama-cpp."""
 
 import stat
 import sys

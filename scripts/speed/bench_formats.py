@@ -24,7 +24,10 @@ with one line):
 
 4. the draft's own step (--draft in --draft-format, k = 1) against its bound, its bytes / B, and
    the tau each drafter must reach for 1.8x over plain decoding (tau_needed).
-5. with --llama-cpp (a llama.cpp build folder, see docs/benchmarks.md), llama.cpp on the same
+5. with --transformers DTYPE, transformers on the same folder in that dtype, per prompt: `generate`
+   plain, with prompt lookup at the largest gamma and assisted by --draft (its default schedule);
+   decode tok/s is the time of generate less that of a one-token generate on the same prompt.
+6. with --llama-cpp (a llama.cpp build folder, see docs/benchmarks.md), llama.cpp on the same
    GGUF files, prompts and 2 threads: plain decoding of target and draft (`llama-bench -p 0 -n
    --new-tokens`, with and without its repacked weights) and its speculative example with the
    draft at --spec-draft-n-max 5 per prompt (benchlib.llama_*); and the ratio of minispec's
@@ -120,6 +123,31 @@ def run_llama(bin_dir: Path, ckpt: Path, draft: str | None, prompts, tokenizer, 
             "speculative": runs}
 
 
+def run_transformers(args, ckpt: Path, prompts, eos, want: dict) -> list[dict]:
+    """transformers' rows (step 5): plain, prompt lookup and assisted generation, each timed whole and
+    less a one-token generate on the same prompt."""
+    dtype = getattr(torch, args.transformers)
+    target = benchlib.load_transformers(ckpt, dtype)
+    assistant = None if args.draft is None else benchlib.load_transformers(benchlib.checkpoint(args.draft), dtype)
+    name, top, runs = f"transformers {args.transformers}", max(args.gammas), []
+    configs = {"plain": {}, f"prompt lookup g{top}": {"prompt_lookup": top},
+               **({} if assistant is None else {"assisted": {"assistant": assistant}})}
+    for prompt in prompts:
+        plain_tokens = None
+        for config, options in configs.items():
+            _, first = benchlib.hf_generate(target, prompt.ids, 1, eos, **options)
+            tokens, seconds = benchlib.hf_generate(target, prompt.ids, args.new_tokens, eos, **options)
+            plain_tokens = tokens if config == "plain" else plain_tokens
+            differ = first_difference(tokens, want[prompt.source_id])
+            runs.append({"format": name, "config": config, "prompt": prompt.source_id, "tps": len(tokens) / seconds,
+                         "decode_tps": (len(tokens) - 1) / max(seconds - first, 1e-9), "tau": None,
+                         "generated": len(tokens), "equals_plain": tokens == plain_tokens, "float32_prefix": differ,
+                         "near_tie": None})
+            print(f"{PROG}: {name:<14} {config:<22} {prompt.source_id:<14} {runs[-1]['tps']:.1f} tok/s",
+                  file=sys.stderr, flush=True)
+    return runs
+
+
 def measure(args, ckpt) -> dict:
     import minispec
     from minispec.lab.draft_length import Priced
@@ -194,6 +222,8 @@ def measure(args, ckpt) -> dict:
                 print(f"{PROG}: {name:<14} {config:<22} {prompt.source_id:<14} {runs[-1]['tps']:.1f} tok/s",
                       file=sys.stderr, flush=True)
         del model
+    if args.transformers and not args.quality:
+        runs += run_transformers(args, ckpt, prompts, eos, want)
     llama = None if llama_bin is None else run_llama(llama_bin, ckpt, args.draft, prompts, tokenizer, args.new_tokens)
     return {"bandwidth": bandwidth, "matmul_gflops": gflops, "cpu": benchlib.cpu_flags_summary(),
             "draft_step": draft_step, "llama_cpp": llama,
@@ -204,16 +234,17 @@ def measure(args, ckpt) -> dict:
 
 def summarize(result: dict) -> list[dict]:
     rows = []
-    for f in result["formats"]:
-        mine = [r for r in result["runs"] if r["format"] == f["format"]]
+    bounds = {f["format"]: f.get("bound_tps") for f in result["formats"]}
+    for name in dict.fromkeys(r["format"] for r in result["runs"]):
+        mine = [r for r in result["runs"] if r["format"] == name]
         plain = {r["prompt"]: r for r in mine if r["config"] == "plain"}
         for config in dict.fromkeys(r["config"] for r in mine):
             these = [r for r in mine if r["config"] == config]
-            rows.append({"format": f["format"], "config": config, "tps": median(r["tps"] for r in these),
+            rows.append({"format": name, "config": config, "tps": median(r["tps"] for r in these),
                          "decode_tps": median(r["decode_tps"] for r in these),
                          "x_plain": median(ratio(r["tps"], plain[r["prompt"]]["tps"]) for r in these),
-                         "of_bound": None if config != "plain" else
-                         median(r["decode_tps"] for r in these) / f["bound_tps"],
+                         "of_bound": None if config != "plain" or not bounds.get(name) else
+                         median(r["decode_tps"] for r in these) / bounds[name],
                          "tau": median(r["tau"] for r in these) if config != "plain" else None,
                          "drafted": None if config == "plain" else
                          median(r.get("drafted_per_drafted_step") for r in these),
@@ -313,7 +344,8 @@ def render_llama(llama: dict, rows: list[dict]) -> str:
                       fmt(median(r["decode_tps"] for r in spec), ".1f")])
     target = [t for name, t in plain.items() if name.split(",")[0] == llama["target"] and t]  # the draft's alone is another model
     best_llama = max(target + [median(r["decode_tps"] for r in spec) or 0], default=None)
-    best = max((r for r in rows if r["decode_tps"]), key=lambda r: r["decode_tps"], default=None)
+    mine = [r for r in rows if r["decode_tps"] and not r["format"].startswith("transformers")]
+    best = max(mine, key=lambda r: r["decode_tps"], default=None)
     text = "## llama.cpp in the same run (its own GGUF files, 2 threads, decode tok/s)\n\n"
     text += md_table(["llama.cpp", "tok/s"], table) + "\n"
     if errors:
@@ -348,6 +380,8 @@ def build_parser() -> benchlib.Parser:
     p.add_argument("--reps", type=ranged(int, "--reps", lo=1), default=5, help="timed repetitions of each pass")
     p.add_argument("--llama-cpp", type=Path, default=None,
                    help="a llama.cpp build folder (bin/llama-bench, bin/llama-speculative-simple): measured in the same run")
+    p.add_argument("--transformers", choices=["float32", "bfloat16"], default=None,
+                   help="transformers' plain, prompt-lookup and assisted generate in this dtype, in the same run")
     p.add_argument("--quality", action="store_true",
                    help="plain greedy decoding only: each format's agreement with float32 (no timing, no drafts)")
     return p
