@@ -142,7 +142,8 @@ def test_the_command_names_a_bad_engine_in_one_line(capsys):
                          (["minispec:lenience:beta"], "is not key=value"), ([], "name an ENGINE"),
                          (["minispec:sampling", "--only", "seeded,nosuch"], "'nosuch' is not an invariant"),
                          (["--planted", "--only", "seeded"], "--only: not with --planted"),
-                         (["--power", "--planted"], "--power: alone"), (["--power", "transformers"], "--power: alone")):
+                         (["--power", "--planted"], "--power: alone"), (["--power", "transformers"], "--power: alone"),
+                         (["transformers", "sample-then-match", "transformers"], "'transformers' named twice")):
         with pytest.raises(SystemExit) as exit_info:
             sys.exit(main(argv))
         assert exit_info.value.code == 2
@@ -193,6 +194,10 @@ def test_the_command_runs_end_to_end_and_its_exit_status_is_the_verdict(tmp_path
     assert bad.returncode == 1, bad.stderr
     assert table_of(bad.stdout)["greedy"]["always zero"] == "FAIL"
     assert "minispec.testing.conform: always zero: " in bad.stderr and "Traceback" not in bad.stderr
+    for order in (("user_engines:engine", "minispec:exact"), ("minispec:exact", "user_engines:engine")):
+        mixed = run(*order, "--only", "greedy")  # a failure fails the command wherever its engine stands
+        assert mixed.returncode == 1, (order, mixed.stderr)
+        assert table_of(mixed.stdout)["greedy"] == {"always zero": "FAIL", "minispec exact": "pass"}
 
 
 def test_planted_bugs_the_suite_misses_fail_the_command(monkeypatch, capsys):

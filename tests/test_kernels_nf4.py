@@ -261,3 +261,19 @@ def test_a_draft_beside_a_four_bit_target_is_four_bit_where_its_sizes_fit(monkey
             assert kernels.auto_draft_kind(model, target) == want, (target, model is fitting)
         for target in ("reference", "fast", "compiled", "fp16", "int8-dynamic"):
             assert kernels.auto_draft_kind(model, target) == sixteen_bit
+
+
+@settings(max_examples=20, deadline=None)
+@given(layers=st.integers(1, 3), kv=st.sampled_from([1, 2]), group=st.integers(1, 3), head_dim=st.sampled_from([8, 16]),
+       inter=st.integers(1, 5), vocab=st.integers(8, 40), tied=st.booleans())
+def test_linear_weights_counts_every_linear_layer_of_the_model_once(layers, kv, group, head_dim, inter, vocab, tied):
+    """nf4.linear_weights(config) is what its docstring says, counted on a built model instead of from
+    the config: every nn.Linear's weight (q, k, v, o, gate, up, down and the LM head, a tied head too,
+    since nf4 rounds it), each shared tensor once. The 1e9 rule of --dtype auto reads this count."""
+    heads = kv * group
+    config = tiny_config(num_layers=layers, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+                         hidden_size=heads * head_dim, intermediate_size=16 * inter, vocab_size=vocab,
+                         tie_word_embeddings=tied)
+    model = random_model(config, 0, dtype=torch.float32)
+    linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert nf4.linear_weights(model.config) == sum(linear.values())

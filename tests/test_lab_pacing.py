@@ -91,3 +91,15 @@ def test_the_live_stream_delivers_every_token_in_order_in_paced_chunks(chunk):
     assert all(len(c) == chunk for c in got[:-1]) and 1 <= len(got[-1]) <= chunk
     times = arrived[:1] + delivered  # the first release comes an interval after the first token at the earliest
     assert all(b - a >= interval * 0.9 for a, b in zip(times, times[1:])), [b - a for a, b in zip(times, times[1:])]
+
+
+def test_tokens_after_close_are_refused_not_lost():
+    got = []
+    stream = pacing.PacedStream(got.extend, chunk=2, interval=0.0)
+    stream([1, 2, 3], 2, 2)
+    stream.close()
+    assert got == [1, 2, 3]
+    with pytest.raises(MinispecError, match=r"^pacing: 1 token\(s\) after close\(\)"):
+        stream([4], 0, 0)
+    stream.close()  # a second close is harmless
+    assert got == [1, 2, 3]

@@ -107,6 +107,9 @@ class PacedStream:
     def __call__(self, tokens: list[int], num_accepted: int, num_drafted: int) -> None:
         self.raise_if_failed()
         with self.ready:
+            if self.done:  # the thread has released its last chunk: these would never be delivered
+                raise MinispecError(f"pacing: {len(tokens)} token(s) after close(); expected close() once the "
+                                    "generation has returned")
             if self.start is None:
                 self.start = self.clock()
             self.buffer.extend(tokens)

@@ -179,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         engines = [e for spec in args.engines for e in engine_named(spec)]  # every name checked before any run
+        names = [e.name for e in engines]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # one column each: a second engine of the same name would hide the first's verdicts
+            raise MinispecError(f"ENGINE: {', '.join(map(repr, twice))} named twice; expected each engine once "
+                                "(an engine of your own needs a name of its own)")
         budget = Budget(delta=args.delta, seed=args.seed)
         started = time.perf_counter()
         failed = False
