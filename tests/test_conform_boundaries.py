@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -121,3 +122,25 @@ def test_a_verdict_from_a_planted_write_would_show():
     inp = setting.input(torch.tensor([0, 1]), 0)
     inp.p_target.zero_()
     assert torch.equal(setting.reference.p_target, before)  # the step saw a copy
+
+
+def _clone(generator: torch.Generator) -> torch.Generator:
+    twin = torch.Generator()
+    twin.set_state(generator.get_state())
+    return twin
+
+
+@pytest.mark.parametrize("source", ["first", "last", "previous"])
+def test_a_batch_whose_rows_draw_from_another_rows_seed_fails_batch_independent(source):
+    """A batch form that decides every row with a copy of another row's generator (one request's
+    seed for the whole batch) draws no fewer numbers than the rows alone, so only distinct seeds per
+    row tell it apart: the check must give each row its own."""
+    from dataclasses import replace
+
+    def batch_step(inputs):
+        pick = {"first": lambda r: 0, "last": lambda r: len(inputs) - 1, "previous": lambda r: max(r - 1, 0)}[source]
+        return [GOOD.step(replace(inp, generator=_clone(inputs[pick(r)].generator))) for r, inp in enumerate(inputs)]
+
+    got, evidence = status(Engine("one seed", GOOD.step, claims=lossless, accepts=overlap, batch_step=batch_step),
+                           "batch_independent")
+    assert got == "FAIL" and "alone, with the same generator seed" in evidence, evidence
