@@ -144,3 +144,11 @@ def test_a_batch_whose_rows_draw_from_another_rows_seed_fails_batch_independent(
     got, evidence = status(Engine("one seed", GOOD.step, claims=lossless, accepts=overlap, batch_step=batch_step),
                            "batch_independent")
     assert got == "FAIL" and "alone, with the same generator seed" in evidence, evidence
+
+
+def test_the_largest_seed_a_budget_takes_runs_every_check():
+    """Budget takes seeds up to 2**63 - 1; every stream the checks derive from it stays a seed a
+    torch.Generator takes (below 2**64), so the top of the range is a run, not a traceback."""
+    top = Budget(delta=0.25, start=200, limit=400, seed=2**63 - 1)
+    verdicts = conform(GOOD, top)
+    assert {v.status for v in verdicts} <= {"pass", "n/a"}, [(v.invariant, v.evidence) for v in verdicts if v.status == "FAIL"]

@@ -122,6 +122,12 @@ def decide(engine: Engine, inputs: list[StepInput]) -> list[StepOutput]:
     return engine.batch(inputs) if engine.batch_step is not None else [call(engine, i) for i in inputs]
 
 
+def step_seed(seed: int, s: int) -> int:
+    """The generator seed of step s of a run seeded `seed`: distinct per step, below 2**64 (what a
+    torch.Generator takes) for every seed a Budget takes."""
+    return (seed * 1_000_003 + s) % 2**64
+
+
 def observe(engine: Engine, setting: Setting, samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the step `samples` times: counts of the extended output sequences [V^(gamma+1)] and of
     the accepted lengths [gamma+1]. Each step has its own generator, so a batch form gives the same
@@ -138,7 +144,7 @@ def observe(engine: Engine, setting: Setting, samples: int, seed: int) -> tuple[
     weights = vocab ** torch.arange(gamma, -1, -1)  # [gamma+1]: a sequence's index, base V
     outputs: list[StepOutput] = []
     for start in range(0, samples, CHUNK):  # an engine with a batch form decides a chunk in one call
-        inputs = [setting.input(drafts[s], seed * 1_000_003 + s) for s in range(start, min(samples, start + CHUNK))]
+        inputs = [setting.input(drafts[s], step_seed(seed, s)) for s in range(start, min(samples, start + CHUNK))]
         outputs += decide(engine, inputs)
     for s, out in enumerate(outputs):
         seq = fills[s].clone()
@@ -414,7 +420,7 @@ def check_constrained(engine: Engine, budget: Budget) -> list[Verdict]:
         samples, control = stats.samples_for_power(local, budget.delta, budget.start, budget.limit, budget.seed)
         generator, counts = torch.Generator().manual_seed(budget.seed), torch.zeros(grammar.vocab, dtype=torch.long)
         for start in range(0, samples, CHUNK):
-            inputs = [constrained_inputs(grammar, target, draft, both_sides, generator, budget.seed * 1_000_003 + s)
+            inputs = [constrained_inputs(grammar, target, draft, both_sides, generator, step_seed(budget.seed, s))
                       for s in range(start, min(samples, start + CHUNK))]
             try:
                 outputs = decide(engine, inputs)
