@@ -215,3 +215,31 @@ def test_in_a_batch_the_meter_changes_no_token_and_every_row_records_into_it():
     judged = sum(sum((n + 1) * k for n, k in enumerate(r.stats["accepted_length_histogram"])) + r.stats["no_draft_steps"]
                  for r in plain)
     assert meter.summary()["positions"] == judged
+
+
+def test_a_batch_rows_monte_carlo_figures_are_those_of_its_prompt_run_alone():
+    """DropMatch's Monte Carlo figures come from the meter's own stream, which each run's reset seeds
+    from the meter's seed and the run's: a batch row (its own seed) records what the same prompt and
+    seed record alone, whoever its batch-mates are. Compared as sorted figures: rows record
+    interleaved into one list. Tolerance 1e-9: a batched forward may round the logits differently
+    from a lone one, far below the Monte Carlo spread of 16 draws that a shared stream would move."""
+    from minispec.batch.speculative import generate_batch
+    cfg = tiny_config(vocab_size=12, num_layers=1)
+    target, draft = random_model(cfg, 3, scale=3.0), random_model(cfg, 4, scale=3.0)
+    prompts, seeds_ = [[1, 2, 3], [4, 5], [6, 7, 8, 9]], [11, 12, 13]
+    run = dict(max_new_tokens=8, draft=draft, gamma=3, temperature=1.0, eos_token_ids=[])
+
+    def figures(meter):
+        return sorted((r.tv, r.tv_error) for r in meter.records)
+
+    together = DistortionMeter(acceptance.get("dropmatch", p=0.3), draws=16, seed=4)
+    generate_batch(target, prompts, policy=together, seed=seeds_, **run)
+    alone = []
+    for prompt, seed in zip(prompts, seeds_):
+        meter = DistortionMeter(acceptance.get("dropmatch", p=0.3), draws=16, seed=4)
+        generate_batch(target, [prompt], policy=meter, seed=[seed], **run)
+        assert "monte-carlo" in {r.kind for r in meter.records}
+        alone += meter.records
+    assert len(together.records) == len(alone)
+    for got, want in zip(figures(together), sorted((r.tv, r.tv_error) for r in alone)):
+        assert got == pytest.approx(want, abs=1e-9)

@@ -27,13 +27,20 @@ from hypothesis import strategies as st
 
 from minispec.acceptance import (DropMatch, ExactMatch, LazyDropMatch, PolicyInputError, SpeculativeSampling,
                                  VerifyInput)
-from minispec.acceptance.dropmatch.rule import js_divergence, mask_seed, vote_acceptances
+from minispec.acceptance.dropmatch.rule import js_divergence, vote_acceptances
 from minispec.acceptance.dropmatch.lazy import LN2, draft_votes, js_acceptance
 from minispec.acceptance.sampling import sample_acceptances
 from minispec.chain.drafters import NgramDrafter
 from minispec.errors import MinispecError
 from minispec.model.sampling import SamplingParams, greedy_token, logits_to_probs
 from minispec.testing import check_policy, decided, verify_input
+
+
+def mask_seed(seed: int) -> int:
+    """The mask generator's seed as the rule's docstring writes it (not read from the code): another
+    stream than the verify generator's, which is seeded with `seed` itself."""
+    return (seed + 0x9E3779B97F4A7C15) % 2**64
+
 
 F64 = torch.float64
 GREEDY = SamplingParams(temperature=0.0)
@@ -432,7 +439,7 @@ def test_lazy_dropmatch_strict_majority_at_exactly_half_the_paths(paths):
         step = Step(torch.randint(-2, 3, (4, 3), generator=g).to(F64), torch.randint(0, 4, (3,), generator=g), None, 1)
         options = dict(p=0.5, paths=paths, criterion="majority", majority="strict", or_base=False, seed=seed)
         assert_lazy_decides_as_eager((options, [step], weight, GREEDY))
-        # the votes as documented (masks from mask_seed(seed), inverted dropout, lowest id on ties)
+        # the votes as documented (masks from the documented mask seed, inverted dropout, lowest id on ties)
         masks = (torch.rand((paths, 4, 3), generator=torch.Generator().manual_seed(mask_seed(seed))) < 0.5).to(F64)
         path_tokens = greedy_token((step.hidden * masks / 0.5) @ weight.T)  # [K, gamma+1]
         votes = (path_tokens[:, :3] == step.draft_tokens).sum(0)  # [gamma]

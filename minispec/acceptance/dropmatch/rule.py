@@ -37,8 +37,9 @@ Our decisions where the paper is silent, each a parameter or stated here:
 - The masks come from this policy's own torch.Generator, fresh for every path, position and step;
   the verify generator is untouched, so at T > 0 the base draws exactly what SpeculativeSampling
   would. reset(seed) reseeds it at the start of every run: from the run's seed (generate(seed=...))
-  unless the policy was built with a seed of its own. Its seed is mask_seed(seed), not seed itself:
-  a generator seeded with the same integer as the verify generator would draw the same words.
+  unless the policy was built with a seed of its own. Its seed is mask_seed(seed) = (seed +
+  0x9E3779B97F4A7C15) mod 2^64, not seed itself: a generator seeded with the same integer as the
+  verify generator would draw the same words.
 - p = 0 draws no masks: every path IS the clean head, bitwise, and the centroid is the clean
   logits (a float mean of K equal rows can be one ulp off, turning a radius of 0 into ~1e-17).
   So at T = 0, DropMatch(p=0) == exact match whenever or_base is set or the criterion has a

@@ -22,8 +22,11 @@ distortion compounds over its positions and is not measured here.
 `DistortionMeter(policy)` is an AcceptancePolicy that hands every decision to `policy` unchanged
 and records each judged position's figures; `summary()` gives their mean and 95th percentile.
 The meter draws DropMatch's extra masks from its own generator, so the run's tokens are the ones
-the policy alone would give (tested). It measures chains (the chain and batch loops: the batch
-loop copies the policy per row, and a copied meter records into its original's list); a tree
+the policy alone would give (tested); reset(seed) at each run's start seeds it from the meter's
+seed and the run's, (meter seed x 2^32 + run seed + METER_STREAM) mod 2^64, so a batch row (each
+row reset with its own seed) measures what the same prompt run alone measures (tested). It
+measures chains (the chain and batch loops: the batch loop copies the policy per row, and a copied
+meter records into its original's list); a tree
 walk is looked up by the policy's class and does not see the meter. `seconds` is the meter's own
 time, inside the loop's policy time: a benchmark takes it out of its timings.
 """
@@ -123,19 +126,23 @@ class DistortionMeter(AcceptancePolicy):
         self.uncovered = 0
         self.seconds = 0.0
         self.seed = seed
-        self.copies = 0
-        self._context = FormContext(torch.Generator().manual_seed(seed ^ METER_STREAM), draws)
+        self._context = FormContext(torch.Generator(), draws)
+        self._reseed(0)
         self._original = self  # where a copy's records go
 
     def __deepcopy__(self, memo: dict) -> "DistortionMeter":
-        """A copy of the policy (own state, as the batch loop wants) that records into this meter."""
-        self._original.copies += 1  # each copy its own mask stream, in the order the rows were copied
-        twin = DistortionMeter(copy.deepcopy(self.policy, memo), self.draws, self.seed + self._original.copies)
+        """A copy of the policy (own state, as the batch loop wants) that records into this meter; its
+        stream is reseeded from its row's seed when the loop resets it."""
+        twin = DistortionMeter(copy.deepcopy(self.policy, memo), self.draws, self.seed)
         twin._original = self._original
         return twin
 
+    def _reseed(self, run_seed: int) -> None:
+        self._context.generator.manual_seed((self.seed * 2**32 + run_seed + METER_STREAM) % 2**64)
+
     def reset(self, seed: int | None = None, gamma: int | None = None) -> None:
         self.policy.reset(seed, gamma)
+        self._reseed(seed or 0)
 
     def decide(self, inp: VerifyInput) -> Decision:
         decision = self.policy(inp)
