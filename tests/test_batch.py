@@ -79,21 +79,26 @@ SHARED_WITH_THE_BATCH = {"target_forwards", "draft_forwards", "draft_seconds", "
 @given(setup=batch_setups(), kind=st.sampled_from(DRAFT_KINDS[1:]), gamma=st.integers(1, 5),
        policy=st.sampled_from(["exact", "sampling", "block", "typical", "dropmatch", "dropmatch-lazy", "kl-judge",
                                "lenience", "ensemble"]),
-       temperature=st.sampled_from([0.0, 0.3, 1.0, 2.0]))
-def test_each_rows_stats_are_its_own_runs_and_the_pooled_stats_their_sums(setup, kind, gamma, policy, temperature):
+       temperature=st.sampled_from([0.0, 0.3, 1.0, 2.0]), schedule=st.sampled_from(["fixed", "heuristic", "fallback"]))
+def test_each_rows_stats_are_its_own_runs_and_the_pooled_stats_their_sums(setup, kind, gamma, policy, temperature,
+                                                                          schedule):
     """Row r's tokens and EVERY figure of its stats that is not a clock reading (lengths, counters,
     histograms, per-position rates, the policy's own counts, the finish reason) are those of
     generate(prompts[r], seed=seeds[r]); what a row shares with its batch-mates (target and draft
     forwards, phase timings) is in the pooled stats only. The pooled counts are the rows' sums,
-    and the pooled tau is all committed tokens over all row-steps."""
+    and the pooled tau is all committed tokens over all row-steps. The draft length schedules that
+    adapt to acceptance (heuristic, the lab's fallback) are drawn too: each row's schedule is its own."""
+    from minispec.lab.draft_length import Fallback
+
     cfg, seed, prompts = setup
     target = random_model(cfg, seed, scale=3.0)
     draft = build_draft(kind, target, seed)
     row_seeds = [seed + r for r in range(len(prompts))]
+    lengths = Fallback(gamma, break_even=min(2.0, gamma + 1), window=2, probe=3) if schedule == "fallback" else schedule
     batch = generate_batch(target, prompts, max_new_tokens=12, draft=draft, policy=policy, gamma=gamma,
-                           temperature=temperature, seed=row_seeds, eos_token_ids=[])
+                           temperature=temperature, seed=row_seeds, eos_token_ids=[], draft_length=lengths)
     alone = [generate(target, p, max_new_tokens=12, draft=draft, policy=policy, gamma=gamma, temperature=temperature,
-                      seed=s, eos_token_ids=[]) for p, s in zip(prompts, row_seeds)]
+                      seed=s, eos_token_ids=[], draft_length=lengths) for p, s in zip(prompts, row_seeds)]
     for row, solo in zip(batch, alone):
         assert row.tokens == solo.tokens
         assert set(solo.stats) - set(row.stats) == SHARED_WITH_THE_BATCH

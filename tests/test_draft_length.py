@@ -120,9 +120,11 @@ def test_expected_tokens_is_the_geometric_sum(g, alpha):
     assert math.isclose(expected_tokens(g, alpha), sum(alpha ** i for i in range(g + 1)), rel_tol=1e-9, abs_tol=1e-12)
 
 
-@given(costs=st.lists(st.floats(0.05, 20.0), min_size=1, max_size=10), alpha=st.floats(0.0, 1.0),
-       lowest=st.integers(0, 9))
+@given(costs=st.lists(st.one_of(st.floats(0.05, 20.0), st.sampled_from([1.0, 2.0, 3.0])), min_size=1, max_size=10),
+       alpha=st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 1.0])), lowest=st.integers(0, 9))
 def test_best_length_maximises_expected_tokens_per_cost(costs, alpha, lowest):
+    """Ties drawn on purpose (costs from a few values; alpha 0, where every E(g) is 1, and alpha 1,
+    where E(g) = g + 1): the smallest of the best lengths wins."""
     lowest = min(lowest, len(costs) - 1)
     g = best_length(costs, alpha, lowest)
     rates = [expected_tokens(k, alpha) / costs[k] for k in range(len(costs))]
@@ -133,6 +135,7 @@ def test_best_length_maximises_expected_tokens_per_cost(costs, alpha, lowest):
 def test_best_length_drafts_all_when_drafts_are_free_and_none_when_they_never_land():
     assert best_length([1.0] * 7, 0.5) == 6  # a verify as cheap as a step, drafts for nothing: every token pays
     assert best_length([1.0, 1.1, 1.2, 1.3], 0.0) == 0  # nothing is ever accepted: any draft only costs
+    assert best_length([1.0, 2.0, 3.0], 1.0) == 0 and best_length([1.0, 1.0], 0.0) == 0  # ties: the shortest
     steep = [1.0, 1.3, 1.7, 2.2, 2.8, 3.5]  # a verify that climbs with its rows (fp16 on AVX2, say)
     assert best_length(steep, 0.95) == 3 and best_length([1.0, 1.05, 1.1, 1.15, 1.2, 1.25], 0.95) == 5
 
