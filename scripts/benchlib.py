@@ -627,6 +627,38 @@ def run_benchmark(prog: str, argv: Sequence[str] | None, parser: Parser,
     return run_main(prog, body)
 
 
+RESULT_BYTES = 1 << 30  # a result file's cap: the largest run records are tens of MB
+
+
+def read_result(path: Path, field: str, made_by: str, needs: Sequence[str] = ()) -> dict:
+    """A script's JSON result, read as one (cli.read_file: a regular file or pipe, capped): a JSON
+    object whose run record names `made_by` (a script's name, e.g. "bench_policies") and that holds
+    each key of `needs`. Anything else is one MinispecError naming `field` and the file, and what
+    made it where the run record says."""
+    from minispec.cli import read_file
+
+    expected = f"expected a result of {script_path(made_by)}"
+    try:
+        data = read_file(path, field, RESULT_BYTES)
+    except MinispecError as error:
+        raise MinispecError(f"{error} ({expected.removeprefix('expected ')})") from None
+    try:
+        result = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MinispecError(f"{field} {path}: not JSON ({' '.join(str(error).split())}); {expected}") from None
+    command = result.get("run", {}).get("command") if isinstance(result, dict) and isinstance(result.get("run"), dict) \
+        else None
+    if not isinstance(command, str):
+        raise MinispecError(f"{field} {path}: no run record; {expected}")
+    made = command.split()[1] if len(command.split()) > 1 else command
+    if Path(made).name != f"{made_by}.py":  # by name: a result kept from before the scripts moved still reads
+        raise MinispecError(f"{field} {path}: a result of {made}; {expected}")
+    missing = [key for key in needs if key not in result]
+    if missing:
+        raise MinispecError(f"{field} {path}: without {', '.join(map(repr, missing))}; {expected} (as it writes them now)")
+    return result
+
+
 def read_records(file: Path, key: Callable[[dict], tuple]) -> dict[tuple, dict]:
     """A resumable run's records so far: {key(record): record} from a JSON-lines file ({} if none yet)."""
     if not file.exists():

@@ -15,7 +15,6 @@ agreement 0.8 (--dropout-p auto's default level) as a dashed line. Needs matplot
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -28,18 +27,12 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # noqa: E402
 
 from minispec.cli import run_main  # noqa: E402
-from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "dropmatch_plot"
 
 
-def load(paths: list[Path]) -> list[dict]:
-    results = []
-    for path in paths:
-        if not path.is_file():
-            raise MinispecError(f"{path}: no such file; expected a result of scripts/dropmatch/dropmatch_quality.py")
-        results.append(json.loads(path.read_text()))
-    return results
+def load(paths: list[Path], flag: str, made_by: str, needs: tuple[str, ...]) -> list[dict]:
+    return [benchlib.read_result(path, flag, made_by, needs) for path in paths]
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -133,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         if args.quality:
-            print(plot_pareto(load(args.quality), out / "dropmatch_pareto.png"))
+            quality = load(args.quality, "--quality", "dropmatch_quality", ("rows",))
+            print(plot_pareto(quality, out / "dropmatch_pareto.png"))
         if args.calibration:
-            print(plot_agreement(load(args.calibration), out / "dropmatch_agreement.png"))
+            calibration = load(args.calibration, "--calibration", "dropmatch_calibration", ("settings", "models"))
+            print(plot_agreement(calibration, out / "dropmatch_agreement.png"))
         return 0
 
     return run_main(PROG, body)

@@ -16,7 +16,6 @@ other temperatures dashed with squares. Needs matplotlib (`pip install 'minispec
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,6 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from minispec.cli import run_main  # noqa: E402
-from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "bench_plot"
 
@@ -103,14 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     source = args.result or default
 
     def body() -> int:
-        try:
-            result = json.loads(source.read_text(encoding="utf-8"))
-        except OSError:
-            raise MinispecError(f"{source}: cannot read; expected bench_policies.json from scripts/rules/bench_policies.py") from None
-        except ValueError as error:
-            raise MinispecError(f"{source}: not JSON ({error})") from None
-        if "summary" not in result or "settings" not in result:
-            raise MinispecError(f"{source}: no 'summary' or 'settings'; expected bench_policies.json")
+        result = benchlib.read_result(source, "result", "bench_policies", ("summary", "settings"))
         print(f"{PROG}: wrote {plot(result, args.png or source.with_suffix('.png'))}", file=sys.stderr)
         return 0
 

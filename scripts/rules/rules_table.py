@@ -35,7 +35,6 @@ rules_table.md and .json to --out; the figures need matplotlib.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -49,16 +48,6 @@ from minispec.errors import MinispecError  # noqa: E402
 
 PROG = "rules_table"
 LOSSLESS = ("exact", "sampling", "block", "traversal", "multipath")
-
-
-def read_json(path: Path, made_by: str) -> dict:
-    if not path.is_file():
-        raise MinispecError(f"{path}: no such file; expected a result of {benchlib.script_path(made_by.removesuffix('.py'))}")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise MinispecError(f"{path}: not JSON ({error.msg} at line {error.lineno}); expected a result of "
-                            f"{benchlib.script_path(made_by.removesuffix('.py'))}") from None
 
 
 # ------------------------------------------------------------------------------------- the pair
@@ -349,9 +338,11 @@ def main(argv=None) -> int:
     def body() -> int:
         if not (args.pair or args.chains or args.trees):
             raise MinispecError("nothing to tabulate; expected --pair, --chains or --trees with result files")
-        pair = [row for path in args.pair for row in pair_rows(read_json(path, "bench_humaneval.py"))]
-        chains = chain_rows([read_json(path, "bench_policies.py") for path in args.chains])
-        trees = [read_json(path, "bench_tree_rules.py") for path in args.trees]
+        pair = [row for path in args.pair for row in pair_rows(benchlib.read_result(path, "--pair", "bench_humaneval",
+                                                                                    ("records", "task_ids", "configs")))]
+        chains = chain_rows([benchlib.read_result(path, "--chains", "bench_policies", ("records", "settings"))
+                             for path in args.chains])
+        trees = [benchlib.read_result(path, "--trees", "bench_tree_rules") for path in args.trees]
         text = render(pair, chains, trees)
         out = benchlib.out_dir(PROG, args.out)
         benchlib.write_outputs(out, PROG, {"pair": pair, "chains": chains}, text)
