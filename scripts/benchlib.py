@@ -660,10 +660,31 @@ def read_result(path: Path, field: str, made_by: str, needs: Sequence[str] = ())
 
 
 def read_records(file: Path, key: Callable[[dict], tuple]) -> dict[tuple, dict]:
-    """A resumable run's records so far: {key(record): record} from a JSON-lines file ({} if none yet)."""
+    """A resumable run's records so far: {key(record): record} from a JSON-lines file ({} if none yet).
+
+    A run killed while writing leaves its last line unfinished (no newline): that record is dropped,
+    said in one line, and made again. Any other line that is not a JSON object holding the key's
+    fields is one MinispecError naming the file and line (delete the file to start over)."""
+    from minispec.cli import read_file
+
     if not file.exists():
         return {}
-    return {key(r): r for r in map(json.loads, file.read_text(encoding="utf-8").splitlines()) if r}
+    text = read_file(file, "records file", RESULT_BYTES).decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines[-1].strip():  # no newline after it: cut off mid-write
+        print(f"{file}: its last record was cut off mid-write; it is made again", file=sys.stderr)
+    records = {}
+    for number, line in enumerate(lines[:-1], 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            records[key(record)] = record
+        except (ValueError, KeyError, TypeError, IndexError) as error:
+            raise MinispecError(f"{file}:{number}: not one of this script's records ({type(error).__name__}: "
+                                f"{' '.join(str(error).split())[:80]}); expected a JSON object per line (delete the "
+                                "file to start over)") from None
+    return records
 
 
 def out_folder(flag: str):

@@ -62,3 +62,22 @@ def test_a_file_that_is_not_the_result_a_reader_takes_is_one_line_naming_its_fla
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1, (name, err)
         assert f"{flag} {path}" in err[0] and says in err[0] and "scripts/" in err[0], (name, err[0])
+
+
+def test_a_records_file_cut_off_mid_write_resumes_and_a_foreign_line_is_one_line(tmp_path, capsys):
+    """benchlib.read_records, which every resumable script reads its records with: a last line without
+    its newline (a run killed while writing) is dropped and said; a line that is not a record of the
+    script (not JSON, not an object, without the key's fields) is one MinispecError naming file:line."""
+    import benchlib
+    from minispec.errors import MinispecError
+
+    key = lambda r: (r["config"], r["task_id"])  # noqa: E731
+    file = tmp_path / "records.jsonl"
+    file.write_text('{"config": "a", "task_id": 1}\n\n{"config": "b", "task_id": 2}\n{"config": "c", "ta')
+    assert list(benchlib.read_records(file, key)) == [("a", 1), ("b", 2)]
+    assert "cut off mid-write" in capsys.readouterr().err
+    for number, bad in ((2, "{nope"), (2, "[1, 2]"), (2, '{"config": "b"}'), (2, "3")):
+        file.write_text('{"config": "a", "task_id": 1}\n' + bad + "\n")
+        with pytest.raises(MinispecError, match=rf"^{file}:{number}: not one of this script's records"):
+            benchlib.read_records(file, key)
+    assert benchlib.read_records(tmp_path / "none.jsonl", key) == {}
