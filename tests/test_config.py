@@ -110,3 +110,10 @@ def test_errors_from_a_file_name_it_once(tmp_path, change):
         ModelConfig.from_hf(tmp_path)
     field = next(iter(change))
     assert str(err.value).startswith(f"{tmp_path / 'config.json'}: field '{field}' = ")
+
+
+@pytest.mark.parametrize("source", [123, None, ["config.json"], 1.5])
+def test_a_source_that_is_no_folder_file_or_dict_is_one_line(source):
+    with pytest.raises(ConfigError, match=rf"^ModelConfig.from_hf: {type(source).__name__}; expected a checkpoint "
+                                          "folder"):
+        ModelConfig.from_hf(source)

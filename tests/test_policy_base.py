@@ -208,3 +208,16 @@ def test_numpy_scalars_are_the_numbers_they_print():
     for bad in (dict(p=numpy.bool_(True)), dict(paths=numpy.float32(2.0)), dict(p="0.3")):
         with pytest.raises(MinispecError, match="dropmatch"):
             get("dropmatch", **bad)
+
+
+@pytest.mark.parametrize("returned", [(1, 0), None, [1, 0], {"num_accepted": 1, "next_token": 0}, 1])
+def test_a_decide_that_returns_no_decision_is_one_input_error_naming_the_policy(returned):
+    class Sloppy(AcceptancePolicy):
+        name = "sloppy"
+
+        def decide(self, inp):
+            return returned
+
+    with pytest.raises(PolicyInputError, match=rf"^sloppy: decide returned {type(returned).__name__}; expected a "
+                                                r"Decision$"):
+        Sloppy()(verify_input([1, 2], [[0, 5, 0, 0], [0, 0, 5, 0], [5, 0, 0, 0]]))

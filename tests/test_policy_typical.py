@@ -58,3 +58,17 @@ def test_typical_at_temperature_zero_accepts_a_close_second():
     # The criterion temperature is ours: a sharp one (0.01) puts token 1 at e^-10 and rejects it.
     assert decided(TypicalAcceptance(greedy_criterion_temperature=0.01)(inp)) == (0, 0)
 
+
+
+def test_each_option_out_of_its_range_is_one_line_naming_it():
+    import pytest
+
+    from minispec.errors import MinispecError
+
+    for options, named in (({"delta": 0}, "typical delta"), ({"delta": math.inf}, "typical delta"),
+                           ({"delta": math.nan}, "typical delta"), ({"greedy_criterion_temperature": 0},
+                                                                     "typical greedy_criterion_temperature"),
+                           ({"greedy_criterion_temperature": math.inf}, "typical greedy_criterion_temperature"),
+                           ({"greedy_criterion_temperature": "1"}, "typical greedy_criterion_temperature")):
+        with pytest.raises(MinispecError, match=rf"^{named} = "):
+            TypicalAcceptance(**options)
