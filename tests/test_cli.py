@@ -548,3 +548,19 @@ def test_draft_length_auto_prices_once_per_machine_and_says_so(real_ckpt, capsys
     code, out, err = run_cli(capsys, *[a for a in args if a != "--json"], "--stats")
     assert code == 0 and "draft length auto:" in out + err
     assert "step cost of 0..gamma drafts, in plain steps: 1.00" in out + err
+
+
+def test_draft_length_fallback_turns_speculation_off_below_its_break_even_and_keeps_greedy_text(real_ckpt, capsys):
+    """--draft-length fallback:TAU: the lab's Fallback(gamma, TAU) as the command builds it. A break-even
+    no step can reach (gamma + 1) turns drafting off after its first window of steps and probes every
+    8th step after that; greedy text is plain greedy's whatever the schedule (it only picks lengths)."""
+    common = ("--ckpt", str(real_ckpt), "--prompt", "List three colours.", "--max-new-tokens", "40", "--json")
+    code, out, _ = run_cli(capsys, *common)
+    plain = json.loads(out)
+    code, out, _ = run_cli(capsys, *common, "--draft", "ngram", "--gamma", "3", "--draft-length", "fallback:4")
+    assert code == 0
+    run = json.loads(out)
+    s = run["stats"]
+    assert run["tokens"] == plain["tokens"] and s["draft_length"] == "fallback"
+    # window 4, then off: at most the first 4 drafted steps and one probe per 8 steps after them
+    assert s["no_draft_steps"] > 0 and s["drafted_steps"] <= 4 + (s["verify_steps"] - 4) // 8 + 1, s

@@ -54,6 +54,20 @@ def test_a_step_returning_anything_outside_the_contract_fails_the_check(bad):
         assert "\n" not in evidence
 
 
+@settings(max_examples=15, deadline=None)
+@given(bad=BAD_STEPS)
+def test_a_sampling_steps_bad_return_fails_every_statistical_check_too(bad):
+    """The same returns from an engine that claims the target's law: each statistical check (and the
+    grammar check, which decides its masked steps in batches of its own) is a FAIL, not a crash."""
+    def step(inp):
+        return raising() if bad == "raise" else bad
+
+    for invariant in ("claimed_distribution", "both_sides_processed", "filtered_slices", "constrained"):
+        got, evidence = status(Engine("bad", step, claims=lossless, accepts=overlap), invariant)
+        assert got == "FAIL", (bad, invariant, evidence)
+        assert "\n" not in evidence
+
+
 BAD_DISTRIBUTIONS = st.one_of(
     st.just(torch.full((4,), 0.5)), st.just(torch.tensor([1.5, -0.5, 0.0, 0.0])),
     st.just(torch.tensor([math.nan, 1.0, 0.0, 0.0])), st.just(torch.ones(3) / 3), st.just(torch.ones(2, 4) / 8),
