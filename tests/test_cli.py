@@ -184,6 +184,7 @@ def test_chat_template_is_used_by_default_and_raw_turns_it_off(real_ckpt, capsys
         (["--draft", "ngram", "--policy", "typical:p=auto"], "--policy typical: unknown option 'p'"),
         (["--draft", "ngram", "--policy", "dropmatch:p=auto:0"], "p = 'auto:0'; expected a number in [0, 1), auto"),
         (["--draft", "ngram", "--policy", "dropmatch:p=auto:high"], "p = 'auto:high'; expected a number in [0, 1), auto"),
+        (["--draft", "ngram", "--policy", "typical: "], "expected key=value after the colon, or no colon"),
         (["--draft", "ngram", "--policy", "dropmatch:p=1"], "--policy dropmatch: dropmatch p = 1.0; expected 0 <= p < 1"),
         (["--top-k", "5"], "--top-k: applies only when sampling; expected --temperature > 0"),
         (["--top-p", "0.9", "--temperature", "0"], "--top-p: applies only when sampling"),

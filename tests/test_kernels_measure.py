@@ -39,3 +39,16 @@ def test_fastest_kind_is_one_of_the_candidates_and_a_lone_candidate_wins():
     kinds = ("fast", "fp16")
     assert measure.fastest_kind(kinds, 64, 128, torch.float32, reps=2) in kinds
     assert measure.fastest_kind(("fp16",), 64, 128, torch.float32, reps=2) == "fp16"
+
+
+def test_each_kernels_rate_counts_the_bytes_its_weights_hold(monkeypatch):
+    """bandwidth(mib): every kernel streams weights sized to about `mib` MiB in its own format (float32,
+    bfloat16, fbgemm's float16 and int8, nf4's 4.25 bits a weight with its bfloat16 maxima), so with
+    each call taking 1 s (timed patched) each rate is those bytes / 1e9: mib MiB, less the rows lost
+    to rounding (nf4's tiles of 32 rows: under 0.1% at 64 MiB)."""
+    monkeypatch.setattr(measure, "timed", lambda fn, reps, warmup=1: 1.0)
+    mib = 64
+    rates = measure.bandwidth(mib=mib, reps=1)
+    assert rates["bandwidth_gbps"] == max(v for k, v in rates.items() if k != "bandwidth_gbps")
+    for name, gbps in rates.items():
+        assert 0.999 * mib * 2**20 <= gbps * 1e9 <= mib * 2**20, (name, gbps * 1e9 / 2**20)
