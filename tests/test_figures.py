@@ -133,13 +133,24 @@ def test_a_chains_figures_are_their_definitions(run):
 def test_a_trees_figures_are_their_definitions(run, budget):
     target = random_model(run["cfg"], run["seed"], scale=3.0)
     draft = random_model(run["cfg"], run["seed"], scale=3.0) if run["draft"] == "model" else run["draft"]
-    events, max_new = [], 16
-    target_calls = count_passes(target)
-    started = time.perf_counter()
-    out = generate_tree(target, run["prompt"], max_new_tokens=max_new, draft=draft, tree=budget, eos_token_ids=[],
-                        on_tokens=lambda t, a, g: events.append((t, a, g)))
-    wall = time.perf_counter() - started
-    del target.forward_hidden
+    max_new = 16
+
+    def go(eos_ids):
+        events = []
+        target_calls = count_passes(target)
+        started = time.perf_counter()
+        out = generate_tree(target, run["prompt"], max_new_tokens=max_new, draft=draft, tree=budget,
+                            eos_token_ids=eos_ids, on_tokens=lambda t, a, g: events.append((t, a, g)))
+        wall = time.perf_counter() - started
+        del target.forward_hidden
+        return out, events, wall, target_calls
+
+    out, events, wall, target_calls = go([])
+    if run["cut"]:  # an eos inside an accepted path: the step's depth is what it committed, not the path
+        token = eos_inside_a_run(out.tokens, events[1:])
+        assume(token is not None)
+        out, events, wall, target_calls = go([token])
+        assert out.stats["finish_reason"] == "eos"
     steps = counted_steps(events[1:])
     positions = max(1, min(out.stats["max_depth"], max_new - 1))
     assert {k: out.stats[k] for k in expected_step_figures(steps, positions)} == expected_step_figures(steps, positions)
