@@ -1,6 +1,7 @@
 """minispec.kernels.measure: the timing, bandwidth and pass-cost probes the benchmarks share. What
 is checked is what they return and what they leave behind, never how fast anything is."""
 
+import pytest
 import torch
 
 from minispec.kernels import measure
@@ -52,3 +53,26 @@ def test_each_kernels_rate_counts_the_bytes_its_weights_hold(monkeypatch):
     assert rates["bandwidth_gbps"] == max(v for k, v in rates.items() if k != "bandwidth_gbps")
     for name, gbps in rates.items():
         assert 0.999 * mib * 2**20 <= gbps * 1e9 <= mib * 2**20, (name, gbps * 1e9 / 2**20)
+
+
+@pytest.mark.parametrize("order", [("fast", "fp16"), ("fp16", "fast")])
+@pytest.mark.parametrize("slower", ["fast", "fp16"])
+def test_fastest_kind_takes_the_kind_whose_product_took_least(monkeypatch, order, slower):
+    """With each kind's product timed by hand (timed patched: 2 s for `slower`, 1 s for the other),
+    fastest_kind answers the one that took least, whatever order the candidates come in."""
+    from minispec.kernels import fbgemm
+
+    if not fbgemm.available():
+        pytest.skip("fbgemm's float16 kernel is not in this torch")
+    kind_of_layer = {cls: kind for kind, cls in measure.LINEARS.items()}
+
+    def timed(fn, reps, warmup=1):
+        layer = fn.__defaults__[0]  # the candidate's layer, bound by fastest_kind's lambda
+        return 2.0 if kind_of_layer[type(layer)] == slower else 1.0
+
+    monkeypatch.setattr(measure, "timed", timed)
+    measure.fastest_kind.cache_clear()
+    try:
+        assert measure.fastest_kind(order, 64, 128, torch.float32, reps=1) == ({"fast", "fp16"} - {slower}).pop()
+    finally:
+        measure.fastest_kind.cache_clear()

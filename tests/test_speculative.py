@@ -281,3 +281,29 @@ def test_a_drafter_object_follows_or_checks_the_target_vocabulary():
     with pytest.raises(MinispecError) as err:
         generate(large, [1, 2], max_new_tokens=3, draft=make_drafter(small, small))
     assert "vocabulary of 16 tokens != the target's 40" in one_line(err)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("loop", ["chain", "batch"])
+def test_a_policy_sees_float32_logits_and_probabilities_from_a_low_precision_model(dtype, loop):
+    """The verify pass of a bfloat16 or float16 model yields logits in that dtype; the loop hands the
+    policy float32 (target_logits, p_target, q_draft, draft_logits), so no rule rounds its
+    probabilities, ratios or residuals to 8 bits."""
+    from minispec.acceptance.sampling import SpeculativeSampling
+    from minispec.batch.speculative import generate_batch
+
+    seen = set()
+
+    class Recording(SpeculativeSampling):
+        def decide(self, inp):
+            seen.add((inp.target_logits.dtype, inp.p_target.dtype, inp.q_draft.dtype, inp.draft_logits.dtype))
+            return super().decide(inp)
+
+    cfg = tiny_config(vocab_size=12, num_layers=1)
+    target, draft = random_model(cfg, 1).to(dtype), random_model(cfg, 2).to(dtype)
+    run = dict(max_new_tokens=6, draft=draft, gamma=2, policy=Recording(), temperature=1.0, eos_token_ids=[])
+    if loop == "chain":
+        generate(target, [1, 2, 3], **run)
+    else:
+        generate_batch(target, [[1, 2, 3], [4, 5]], **run)
+    assert seen == {(torch.float32,) * 4}
