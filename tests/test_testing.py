@@ -158,6 +158,24 @@ def test_a_wrong_residual_is_reported_readably():
     assert "not distributed as p_target" in message and "p-value" in message
 
 
+def test_a_policy_right_only_at_temperature_1_is_reported():
+    """When sampling, its target law read from softmax(target_logits), the temperature forgotten: at
+    T = 1 that is p_target, so greedy and one position at T = 1 pass; the multi-step check, at
+    T = 0.5 and 2, must not."""
+    from dataclasses import replace
+
+    class AtOne(MySampling):
+        def decide(self, inp):
+            if inp.params.greedy:
+                return super().decide(inp)
+            raw = torch.softmax(inp.target_logits.double(), dim=-1).to(inp.p_target.dtype)
+            return super().decide(replace(inp, p_target=raw))
+
+    with pytest.raises(CheckFailed) as err:
+        check_policy(AtOne)
+    assert str(err.value).startswith("check_policy(AtOne): multi_step_lossless: AtOne changes the distribution")
+
+
 def test_a_policy_that_edits_its_inputs_in_place_is_reported():
     """The residual computed in place: its own decision is right, but p_target (which the loop and the
     stats read after the decision) is left as max(0, p - q)."""
